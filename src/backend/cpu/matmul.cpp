@@ -1,0 +1,334 @@
+// The CPU matmul driver: validates weights and expert indices, groups gather pairs by expert, picks the
+// kernel set for the CPU, and spreads rows over the thread pool. One token per weight slice runs the
+// matrix-vector kernels (decode, memory bound); more tokens dequantize a block of rows to f32 once and run
+// the register-blocked f32 kernel over all of them (prefill, compute bound).
+#include "backend/cpu/matmul.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/matmul_internal.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace moecel::cpu {
+namespace {
+
+using detail::Kernels;
+using detail::Slice;
+
+// A weight slice with fewer tokens than this takes the matrix-vector path: decoding the weights once per
+// token costs about as much as dequantizing them to f32 once and running the f32 kernel.
+constexpr int64_t kGemmMinTokens = 2;
+// The f32 kernel works on blocks of dequantized rows (kept in L2) and slices of K (kept in L1).
+constexpr int64_t kRowBlockBytes = 192 * 1024;
+constexpr int64_t kRowBlockMin = 12, kRowBlockMax = 96;  // multiples of 12: every micro-kernel's row count divides it
+constexpr int64_t kKBlock = 1024;
+constexpr int64_t kGemvGrain = 16;  // rows per parallel_for chunk unit of the matrix-vector path
+
+// ---- SIMD level ----
+
+SimdLevel detect_level() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return avx512 ? SimdLevel::kAvx512 : avx2 ? SimdLevel::kAvx2 : SimdLevel::kScalar;
+#else
+  return SimdLevel::kScalar;
+#endif
+}
+
+SimdLevel env_cap() {
+  const char* v = std::getenv("MOECEL_CPU_SIMD");
+  if (!v) return SimdLevel::kAvx512;
+  std::string s(v);
+  for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "0" || s == "off" || s == "false" || s == "no" || s == "scalar") return SimdLevel::kScalar;
+  if (s == "avx2") return SimdLevel::kAvx2;
+  return SimdLevel::kAvx512;
+}
+
+const SimdLevel kBestLevel = detect_level();
+std::atomic<int> g_level{int(std::min(kBestLevel, env_cap()))};
+
+// ---- per-thread scratch, 64-byte aligned ----
+
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+
+float* scratch(int slot, size_t n_floats) {
+  thread_local std::unique_ptr<float, FreeDeleter> bufs[2];
+  thread_local size_t sizes[2] = {0, 0};
+  if (sizes[slot] < n_floats) {
+    size_t bytes = ((n_floats * sizeof(float) + 63) / 64) * 64;
+    bufs[slot].reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    MOECEL_CHECK(bufs[slot] != nullptr, "cpu matmul: out of memory for a {}-byte scratch buffer", bytes);
+    sizes[slot] = n_floats;
+  }
+  return bufs[slot].get();
+}
+
+// ---- validation ----
+
+void check_weight(const LinearWeight& w, const char* op) {
+  const std::string& n = w.name;
+  MOECEL_CHECK(w.weight.device == Device::kCpu, "{}: weight {} is not in host memory", op, n);
+  MOECEL_CHECK(w.out >= 0 && w.in > 0, "{}: weight {} has bad shape out={} in={}", op, n, w.out, w.in);
+  MOECEL_CHECK(w.n_stack >= 0, "{}: weight {} has n_stack {}", op, n, w.n_stack);
+  Shape lead = w.n_stack > 0 ? Shape{w.n_stack} : Shape{};
+  auto expect = [&](const Tensor& t, const char* what, int64_t cols) {
+    Shape want = lead;
+    want.push_back(w.out);
+    want.push_back(cols);
+    MOECEL_CHECK(t.shape == want, "{}: {}.{}: expected shape {}, got {}", op, n, what, shape_str(want),
+                 shape_str(t.shape));
+    MOECEL_CHECK(t.numel() == 0 || t.data != nullptr, "{}: {}.{} has no data", op, n, what);
+  };
+  if (!w.quantized()) {
+    MOECEL_CHECK(is_float(w.weight.dtype), "{}: dense weight {} must be F32/F16/BF16, got {}", op, n,
+                 dtype_name(w.weight.dtype));
+    expect(w.weight, "weight", w.in);
+    return;
+  }
+  MOECEL_CHECK(valid_bits(w.bits) && valid_group_size(w.group_size),
+               "{}: weight {}: unsupported quantization bits={} group_size={}", op, n, w.bits, w.group_size);
+  MOECEL_CHECK(w.in % w.group_size == 0 && (w.in * w.bits) % 32 == 0,
+               "{}: weight {}: in={} is not a multiple of group_size {} and 32/bits", op, n, w.in, w.group_size);
+  MOECEL_CHECK(w.weight.dtype == DType::kU32, "{}: {}.weight must be U32 packed, got {}", op, n,
+               dtype_name(w.weight.dtype));
+  expect(w.weight, "weight", w.in * w.bits / 32);
+  MOECEL_CHECK(is_float(w.scales.dtype), "{}: {}.scales must be F32/F16/BF16, got {}", op, n,
+               dtype_name(w.scales.dtype));
+  expect(w.scales, "scales", w.in / w.group_size);
+  MOECEL_CHECK(w.scales.device == Device::kCpu, "{}: {}.scales is not in host memory", op, n);
+  if (w.biases.data != nullptr) {
+    MOECEL_CHECK(w.biases.dtype == w.scales.dtype, "{}: {}.biases dtype {} differs from scales dtype {}", op, n,
+                 dtype_name(w.biases.dtype), dtype_name(w.scales.dtype));
+    expect(w.biases, "biases", w.in / w.group_size);
+    MOECEL_CHECK(w.biases.device == Device::kCpu, "{}: {}.biases is not in host memory", op, n);
+  }
+}
+
+Slice make_slice(const LinearWeight& w, int64_t expert) {
+  Slice s;
+  s.out = w.out;
+  s.in = w.in;
+  s.bits = w.bits;
+  s.wdtype = w.weight.dtype;
+  s.row_bytes = w.quantized() ? w.in * w.bits / 8 : w.in * int64_t(dtype_size(w.weight.dtype));
+  const auto* base = static_cast<const uint8_t*>(w.weight.data);
+  s.w = base + expert * w.out * s.row_bytes;
+  s.w_end = base + w.weight.nbytes();
+  if (w.quantized()) {
+    s.group_size = w.group_size;
+    s.groups = w.in / w.group_size;
+    s.sdtype = w.scales.dtype;
+    int64_t sbytes = s.groups * int64_t(dtype_size(s.sdtype));
+    s.scales = static_cast<const uint8_t*>(w.scales.data) + expert * w.out * sbytes;
+    if (w.biases.data) s.biases = static_cast<const uint8_t*>(w.biases.data) + expert * w.out * sbytes;
+  }
+  return s;
+}
+
+Kernels select_kernels(const Slice& s) {
+  Kernels k;
+  detail::scalar_kernels(s, k);
+#if defined(__x86_64__)
+  SimdLevel level = simd_level();
+  if (level >= SimdLevel::kAvx2) detail::avx2_kernels(s, k);
+  if (level >= SimdLevel::kAvx512) detail::avx512_kernels(s, k);
+#endif
+  return k;
+}
+
+// ---- matrix-vector path ----
+
+struct GemvJob {
+  const float* px;  // prepared input
+  float* y;         // (out,)
+  Slice slice;
+};
+
+void run_gemv(const std::vector<GemvJob>& jobs, int64_t out, const Kernels& k) {
+  if (jobs.empty() || out == 0) return;
+  int64_t total = int64_t(jobs.size()) * out;
+  parallel_for(total, kGemvGrain, [&](int64_t b, int64_t e) {
+    while (b < e) {
+      const GemvJob& j = jobs[size_t(b / out)];
+      int64_t r0 = b % out, r1 = std::min(out, r0 + (e - b));
+      k.gemv(j.slice, j.px, r0, r1, j.y);
+      b += r1 - r0;
+    }
+  });
+}
+
+// ---- dequantize + f32 kernel path ----
+
+struct GemmJob {
+  Slice slice;
+  std::vector<const float*> x;  // token rows (in,)
+  std::vector<float*> y;        // output rows (out,)
+};
+
+int64_t row_block(int64_t in) {
+  int64_t rows = kRowBlockBytes / (in * int64_t(sizeof(float)));
+  rows = (rows / kRowBlockMin) * kRowBlockMin;
+  return std::clamp(rows, kRowBlockMin, kRowBlockMax);
+}
+
+void run_gemm(const std::vector<GemmJob>& jobs, int64_t out, int64_t in, const Kernels& k) {
+  if (jobs.empty() || out == 0) return;
+  const int64_t mb = row_block(in), n_rb = (out + mb - 1) / mb;
+  const int64_t ld = (in + 15) / 16 * 16;
+  const int64_t n_tasks = int64_t(jobs.size()) * n_rb;
+  std::atomic<int64_t> next{0};
+  // Tasks are (job, row block) pairs handed out dynamically: experts get different token counts.
+  // Each output value is computed by one task in a fixed order, so results do not depend on the threads.
+  parallel_for(std::min<int64_t>(num_threads(), n_tasks), 1, [&](int64_t, int64_t) {
+    for (int64_t task = next.fetch_add(1); task < n_tasks; task = next.fetch_add(1)) {
+      const GemmJob& j = jobs[size_t(task / n_rb)];
+      const int64_t r0 = (task % n_rb) * mb, r1 = std::min(out, r0 + mb);
+      const float* wrows;
+      int64_t ldw;
+      if (!j.slice.bits && j.slice.wdtype == DType::kF32) {
+        wrows = reinterpret_cast<const float*>(j.slice.w + r0 * j.slice.row_bytes);
+        ldw = in;
+      } else {
+        float* buf = scratch(1, size_t(mb * ld));
+        k.dequant(j.slice, r0, r1, buf, ld);
+        wrows = buf;
+        ldw = ld;
+      }
+      const int64_t n_tok = int64_t(j.x.size());
+      for (int64_t k0 = 0; k0 < in; k0 += kKBlock)
+        k.gemm(wrows, ldw, r1 - r0, j.x.data(), n_tok, k0, std::min(kKBlock, in - k0), j.y.data(), r0, k0 > 0);
+    }
+  });
+}
+
+}  // namespace
+
+SimdLevel simd_level() { return SimdLevel(g_level.load(std::memory_order_relaxed)); }
+
+void set_simd_level(SimdLevel level) { g_level.store(int(std::min(kBestLevel, level)), std::memory_order_relaxed); }
+
+void set_simd_enabled(bool enabled) { set_simd_level(enabled ? SimdLevel::kAvx512 : SimdLevel::kScalar); }
+
+const char* simd_level_name(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kScalar: return "scalar";
+    case SimdLevel::kAvx2: return "avx2";
+    case SimdLevel::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+void linear(const LinearWeight& w, int64_t expert, const float* x, int64_t n_tokens, int64_t x_stride, float* y,
+            int64_t y_stride) {
+  check_weight(w, "linear");
+  int64_t n_slices = std::max<int64_t>(1, w.n_stack);
+  MOECEL_CHECK(expert >= 0 && expert < n_slices, "linear: weight {}: expert index {} out of range [0, {})", w.name,
+               expert, n_slices);
+  MOECEL_CHECK(n_tokens >= 0, "linear: weight {}: n_tokens {} is negative", w.name, n_tokens);
+  MOECEL_CHECK(x_stride >= w.in && y_stride >= w.out, "linear: weight {}: strides x={} y={} below in={} out={}",
+               w.name, x_stride, y_stride, w.in, w.out);
+  if (n_tokens == 0 || w.out == 0) return;
+  MOECEL_CHECK(x != nullptr && y != nullptr, "linear: weight {}: null input or output", w.name);
+  Slice s = make_slice(w, expert);
+  Kernels k = select_kernels(s);
+  if (n_tokens < kGemmMinTokens) {
+    const int64_t pf = detail::prep_floats(s);
+    float* px = scratch(0, size_t(pf * n_tokens));
+    std::vector<GemvJob> jobs;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      k.prep(s, x + t * x_stride, px + t * pf);
+      jobs.push_back({px + t * pf, y + t * y_stride, s});
+    }
+    run_gemv(jobs, w.out, k);
+    return;
+  }
+  std::vector<GemmJob> jobs(1);
+  jobs[0].slice = s;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    jobs[0].x.push_back(x + t * x_stride);
+    jobs[0].y.push_back(y + t * y_stride);
+  }
+  run_gemm(jobs, w.out, w.in, k);
+}
+
+void gather_linear(const LinearWeight& w, const float* x, bool x_per_slot, const int32_t* indices, int64_t n_tokens,
+                   int64_t k, float* y) {
+  check_weight(w, "gather_linear");
+  MOECEL_CHECK(w.n_stack > 0, "gather_linear: weight {} has no experts axis", w.name);
+  MOECEL_CHECK(n_tokens >= 0 && k >= 0, "gather_linear: weight {}: bad n_tokens={} k={}", w.name, n_tokens, k);
+  const int64_t n_pairs = n_tokens * k;
+  if (n_pairs == 0) return;
+  MOECEL_CHECK(x != nullptr && y != nullptr && indices != nullptr, "gather_linear: weight {}: null pointer", w.name);
+  // Stable counting sort of the (token, slot) pairs by expert.
+  std::vector<int64_t> start(size_t(w.n_stack) + 1, 0);
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    int32_t e = indices[p];
+    MOECEL_CHECK(e >= 0 && e < w.n_stack, "gather_linear: weight {}: expert index {} (token {}, slot {}) out of range "
+                 "[0, {})", w.name, e, p / k, p % k, w.n_stack);
+    ++start[size_t(e) + 1];
+  }
+  for (int64_t e = 0; e < w.n_stack; ++e) start[size_t(e) + 1] += start[size_t(e)];
+  std::vector<int64_t> order(static_cast<size_t>(n_pairs));
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t p = 0; p < n_pairs; ++p) order[size_t(fill[size_t(indices[p])]++)] = p;
+  }
+  auto x_row = [&](int64_t p) { return x + (x_per_slot ? p : p / k) * w.in; };
+
+  Kernels kern = select_kernels(make_slice(w, 0));  // one format for all experts
+  std::vector<GemvJob> gemv_jobs;
+  std::vector<GemmJob> gemm_jobs;
+  std::vector<int64_t> gemv_pairs;
+  for (int64_t e = 0; e < w.n_stack; ++e) {
+    int64_t c = start[size_t(e) + 1] - start[size_t(e)];
+    if (c == 0) continue;
+    if (c < kGemmMinTokens) {
+      for (int64_t i = start[size_t(e)]; i < start[size_t(e) + 1]; ++i) gemv_pairs.push_back(order[size_t(i)]);
+      continue;
+    }
+    GemmJob job;
+    job.slice = make_slice(w, e);
+    for (int64_t i = start[size_t(e)]; i < start[size_t(e) + 1]; ++i) {
+      job.x.push_back(x_row(order[size_t(i)]));
+      job.y.push_back(y + order[size_t(i)] * w.out);
+    }
+    gemm_jobs.push_back(std::move(job));
+  }
+  if (!gemv_pairs.empty()) {
+    // Prepare each distinct input row once (with a shared x, the k slots of a token reuse it).
+    Slice s0 = make_slice(w, 0);
+    const int64_t pf = detail::prep_floats(s0);
+    const int64_t n_rows = x_per_slot ? n_pairs : n_tokens;
+    std::vector<int64_t> slot_of(size_t(n_rows), -1);
+    int64_t n_prepped = 0;
+    for (int64_t p : gemv_pairs) {
+      int64_t r = x_per_slot ? p : p / k;
+      if (slot_of[size_t(r)] < 0) slot_of[size_t(r)] = n_prepped++;
+    }
+    float* px = scratch(0, size_t(pf * n_prepped));
+    for (int64_t r = 0; r < n_rows; ++r)
+      if (slot_of[size_t(r)] >= 0) kern.prep(s0, x + r * w.in, px + slot_of[size_t(r)] * pf);
+    for (int64_t p : gemv_pairs) {
+      int64_t r = x_per_slot ? p : p / k;
+      gemv_jobs.push_back({px + slot_of[size_t(r)] * pf, y + p * w.out, make_slice(w, indices[p])});
+    }
+    run_gemv(gemv_jobs, w.out, kern);
+  }
+  run_gemm(gemm_jobs, w.out, w.in, kern);
+}
+
+}  // namespace moecel::cpu

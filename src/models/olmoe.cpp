@@ -1,0 +1,252 @@
+// OLMoE (model_type "olmoe", allenai/OLMoE-1B-7B): pre-norm decoder with full-width q/k RMSNorm, NeoX rotary,
+// and a softmax top-k MoE of SwiGLU experts with no shared expert. Semantics follow transformers'
+// modeling_olmoe.py; weights are bound by the checkpoint's own names (mlx-community or HF layout).
+#include <cmath>
+
+#include "core/error.h"
+#include "models/registry.h"
+#include "models/switch_glu.h"
+#include "models/weights.h"
+
+namespace moecel {
+namespace {
+
+struct OlmoeConfig {
+  int64_t vocab_size, hidden_size, intermediate_size, n_layers, n_heads, n_kv_heads, head_dim;
+  int64_t n_experts, n_experts_per_tok, max_position_embeddings;
+  double rms_norm_eps, rope_theta, clip_qkv;
+  bool norm_topk_prob, tie_word_embeddings;
+
+  explicit OlmoeConfig(const ModelConfig& c) {
+    vocab_size = c.get_int("vocab_size", 1, 1 << 24);
+    hidden_size = c.get_int("hidden_size", 1, 1 << 20);
+    intermediate_size = c.get_int("intermediate_size", 1, 1 << 20);
+    n_layers = c.get_int("num_hidden_layers", 1, 4096);
+    n_heads = c.get_int("num_attention_heads", 1, 4096);
+    n_kv_heads = c.get_int_or("num_key_value_heads", n_heads, 1, n_heads);
+    MOECEL_CHECK(hidden_size % n_heads == 0, "{}: hidden_size {} is not divisible by num_attention_heads {}",
+                 c.source(), hidden_size, n_heads);
+    MOECEL_CHECK(n_heads % n_kv_heads == 0, "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                 c.source(), n_heads, n_kv_heads);
+    head_dim = hidden_size / n_heads;
+    MOECEL_CHECK(head_dim % 2 == 0, "{}: head dimension {} must be even for rotary embeddings", c.source(), head_dim);
+    n_experts = c.get_int("num_experts", 1, 1 << 16);
+    n_experts_per_tok = c.get_int("num_experts_per_tok", 1, n_experts);
+    max_position_embeddings = c.get_int_or("max_position_embeddings", 4096, 1, int64_t(1) << 24);
+    rms_norm_eps = c.get_float_or("rms_norm_eps", 1e-5);
+    rope_theta = c.rope_theta(10000.0);
+    clip_qkv = c.get_float_or("clip_qkv", 0.0);
+    norm_topk_prob = c.get_bool_or("norm_topk_prob", false);
+    tie_word_embeddings = c.get_bool_or("tie_word_embeddings", false);
+    MOECEL_CHECK(!c.get_bool_or("attention_bias", false), "{}: attention_bias true is not supported for olmoe",
+                 c.source());
+  }
+};
+
+struct Layer {
+  Tensor input_norm, post_norm, q_norm, k_norm;  // (hidden_size,), q/k norms over the full projection width
+  LinearWeight q_proj, k_proj, v_proj, o_proj;
+  LinearWeight router;  // (n_experts, hidden_size)
+  SwitchGLU experts;
+};
+
+class Olmoe final : public Model {
+ public:
+  Olmoe(const ModelContext& ctx) : Model(ctx.backend), cfg_(ctx.config) {
+    WeightLoader wl(ctx.store, ctx.config, ctx.backend);
+    const int64_t h = cfg_.hidden_size, kv = cfg_.n_kv_heads * cfg_.head_dim;
+    embed_ = wl.linear("model.embed_tokens", cfg_.vocab_size, h);
+    for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l);
+      Layer ly;
+      ly.input_norm = wl.vector(p + ".input_layernorm.weight", h);
+      ly.post_norm = wl.vector(p + ".post_attention_layernorm.weight", h);
+      ly.q_proj = wl.linear(p + ".self_attn.q_proj", h, h);
+      ly.k_proj = wl.linear(p + ".self_attn.k_proj", kv, h);
+      ly.v_proj = wl.linear(p + ".self_attn.v_proj", kv, h);
+      ly.o_proj = wl.linear(p + ".self_attn.o_proj", h, h);
+      ly.q_norm = wl.vector(p + ".self_attn.q_norm.weight", h);
+      ly.k_norm = wl.vector(p + ".self_attn.k_norm.weight", kv);
+      ly.router = wl.linear(p + ".mlp.gate", cfg_.n_experts, h);
+      ly.experts = SwitchGLU(wl.experts(p + ".mlp", cfg_.n_experts, h, cfg_.intermediate_size), Activation::kSiLU);
+      layers_.push_back(std::move(ly));
+    }
+    final_norm_ = wl.vector("model.norm.weight", h);
+    lm_head_ = cfg_.tie_word_embeddings && !wl.has("lm_head.weight") ? embed_
+                                                                       : wl.linear("lm_head", cfg_.vocab_size, h);
+    wl.check_all_used();
+    fill_info(ctx.config);
+  }
+
+  Tensor forward(std::span<const int32_t> ids, KvCache& cache, bool all_logits) override {
+    Backend& be = *backend_;
+    const int64_t n = int64_t(ids.size()), h = cfg_.hidden_size;
+    const int64_t kv = cfg_.n_kv_heads * cfg_.head_dim, pos0 = cache.length;
+    MOECEL_CHECK(n >= 1, "forward needs at least one token");
+    MOECEL_CHECK(pos0 + n <= cache.capacity, "context of {} tokens exceeds the KV cache capacity {}", pos0 + n,
+                 cache.capacity);
+    for (int32_t id : ids) {
+      MOECEL_CHECK(id >= 0 && id < cfg_.vocab_size, "token id {} is outside the vocabulary [0, {})", id,
+                   cfg_.vocab_size);
+    }
+    Tensor tok = be.alloc(DType::kI32, {n});
+    be.from_host(ids.data(), tok);
+    Tensor x = be.alloc(DType::kF32, {n, h});  // (n_tokens, hidden_size): the residual stream
+    be.embedding(embed_, tok, x);
+
+    Tensor xn = be.alloc(DType::kF32, {n, h});
+    Tensor q = be.alloc(DType::kF32, {n, h}), k = be.alloc(DType::kF32, {n, kv}), v = be.alloc(DType::kF32, {n, kv});
+    Tensor att = be.alloc(DType::kF32, {n, h}), o = be.alloc(DType::kF32, {n, h});
+    Tensor router_logits = be.alloc(DType::kF32, {n, cfg_.n_experts});
+    Tensor topk_idx = be.alloc(DType::kI32, {n, cfg_.n_experts_per_tok});
+    Tensor topk_w = be.alloc(DType::kF32, {n, cfg_.n_experts_per_tok});
+    const float scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& ly = layers_[l];
+      // attention: h = x + o_proj(attn(rope(q_norm(q_proj(xn))), rope(k_norm(k_proj(xn))), v_proj(xn)))
+      be.rms_norm(x, ly.input_norm, float(cfg_.rms_norm_eps), xn);
+      be.linear(ly.q_proj, xn, q);
+      be.linear(ly.k_proj, xn, k);
+      be.linear(ly.v_proj, xn, v);
+      be.rms_norm(q, ly.q_norm, float(cfg_.rms_norm_eps), q);
+      be.rms_norm(k, ly.k_norm, float(cfg_.rms_norm_eps), k);
+      if (cfg_.clip_qkv > 0) {
+        be.clamp(q, float(cfg_.clip_qkv));
+        be.clamp(k, float(cfg_.clip_qkv));
+        be.clamp(v, float(cfg_.clip_qkv));
+      }
+      be.rope(q, pos0, int(cfg_.n_heads), int(cfg_.head_dim), int(cfg_.head_dim), float(cfg_.rope_theta));
+      be.rope(k, pos0, int(cfg_.n_kv_heads), int(cfg_.head_dim), int(cfg_.head_dim), float(cfg_.rope_theta));
+      be.kv_store(k, v, cache.k[l], cache.v[l], pos0);
+      be.attention(q, cache.k[l], cache.v[l], pos0, int(cfg_.n_heads), int(cfg_.n_kv_heads), int(cfg_.head_dim), scale,
+                   0, att);
+      be.linear(ly.o_proj, att, o);
+      be.add(x, o, x);
+      // MoE: x = h + sum_k w_k * expert_k(post_norm(h)), softmax over all experts, top-k
+      be.rms_norm(x, ly.post_norm, float(cfg_.rms_norm_eps), xn);
+      be.linear(ly.router, xn, router_logits);
+      be.router_topk(router_logits, RouterScoring::kSoftmax, int(cfg_.n_experts_per_tok), cfg_.norm_topk_prob,
+                     topk_idx, topk_w);
+      Tensor moe = ly.experts.forward(be, xn, topk_idx, topk_w);
+      be.add(x, moe, x);
+    }
+    Tensor last = all_logits ? x : x.slice_rows(n - 1, n);
+    Tensor normed = be.alloc(DType::kF32, last.shape);
+    be.rms_norm(last, final_norm_, float(cfg_.rms_norm_eps), normed);
+    Tensor logits = be.alloc(DType::kF32, {last.dim(0), cfg_.vocab_size});
+    be.linear(lm_head_, normed, logits);
+    cache.length = pos0 + n;
+    return logits;
+  }
+
+ private:
+  void fill_info(const ModelConfig& c) {
+    info_.model_type = "olmoe";
+    info_.vocab_size = cfg_.vocab_size;
+    info_.hidden_size = cfg_.hidden_size;
+    info_.n_layers = cfg_.n_layers;
+    info_.n_moe_layers = cfg_.n_layers;
+    info_.n_kv_heads = cfg_.n_kv_heads;
+    info_.head_dim = cfg_.head_dim;
+    info_.max_position_embeddings = cfg_.max_position_embeddings;
+    info_.eos_token_ids = eos_ids(c);
+    size_t total = embed_.total_bytes() + (lm_head_.weight.data == embed_.weight.data ? 0 : lm_head_.total_bytes());
+    size_t active = lm_head_.total_bytes() + size_t(cfg_.hidden_size) * 4;  // lm_head + the embedding row (approx.)
+    for (const Layer& ly : layers_) {
+      size_t attn = ly.q_proj.total_bytes() + ly.k_proj.total_bytes() + ly.v_proj.total_bytes() +
+                    ly.o_proj.total_bytes() + ly.router.total_bytes();
+      total += attn + ly.experts.bytes_per_expert() * size_t(cfg_.n_experts);
+      active += attn + ly.experts.bytes_per_expert() * size_t(cfg_.n_experts_per_tok);
+    }
+    info_.weight_bytes = total;
+    info_.active_bytes_per_token = active;
+  }
+
+  static std::vector<int32_t> eos_ids(const ModelConfig& c) {
+    std::vector<int32_t> out;
+    if (!c.has("eos_token_id") || c.json()["eos_token_id"].is_null()) return out;
+    const auto& e = c.json()["eos_token_id"];
+    if (e.is_number_integer()) {
+      out.push_back(e.get<int32_t>());
+    } else if (e.is_array()) {
+      for (const auto& v : e) {
+        MOECEL_CHECK(v.is_number_integer(), "{}: field 'eos_token_id' must hold integers", c.source());
+        out.push_back(v.get<int32_t>());
+      }
+    } else {
+      fail("{}: field 'eos_token_id' must be an integer or a list of integers", c.source());
+    }
+    return out;
+  }
+
+  OlmoeConfig cfg_;
+  LinearWeight embed_, lm_head_;
+  Tensor final_norm_;
+  std::vector<Layer> layers_;
+};
+
+std::unique_ptr<Model> load_olmoe(const ModelContext& ctx) { return std::make_unique<Olmoe>(ctx); }
+
+// Random checkpoints of OLMoE shape: "tiny" for tests, "olmoe-1b-7b" with the real shapes for benchmarks.
+// `overrides` are config.json fields that replace the preset's (e.g. {"intermediate_size": 256}).
+TestModelSpec olmoe_test_model(const std::string& preset, const nlohmann::json& overrides) {
+  TestModelSpec s;
+  s.config = {{"model_type", "olmoe"},
+              {"architectures", {"OlmoeForCausalLM"}},
+              {"norm_topk_prob", false},
+              {"rms_norm_eps", 1e-5},
+              {"rope_theta", 10000.0},
+              {"clip_qkv", nullptr},
+              {"attention_bias", false},
+              {"tie_word_embeddings", false},
+              {"hidden_act", "silu"},
+              {"bos_token_id", nullptr},
+              {"pad_token_id", 1}};
+  float std = 0.02f;
+  if (preset == "tiny") {
+    s.config.update({{"vocab_size", 512}, {"hidden_size", 128}, {"intermediate_size", 128},
+                     {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 4},
+                     {"num_experts", 8}, {"num_experts_per_tok", 2}, {"max_position_embeddings", 512},
+                     {"eos_token_id", 511}});
+    std = 0.08f;
+  } else if (preset == "olmoe-1b-7b") {
+    s.config.update({{"vocab_size", 50304}, {"hidden_size", 2048}, {"intermediate_size", 1024},
+                     {"num_hidden_layers", 16}, {"num_attention_heads", 16}, {"num_key_value_heads", 16},
+                     {"num_experts", 64}, {"num_experts_per_tok", 8}, {"max_position_embeddings", 4096},
+                     {"eos_token_id", 50279}});
+  } else {
+    fail("unknown olmoe preset '{}': expected tiny or olmoe-1b-7b", preset);
+  }
+  s.config.update(overrides);
+  const OlmoeConfig c(ModelConfig::from_json(s.config, "test model config"));
+  const int64_t h = c.hidden_size, kv = c.n_kv_heads * c.head_dim;
+  s.tensors.push_back({"model.embed_tokens", {c.vocab_size, h}, true, 1.0f});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l);
+    s.tensors.push_back({p + ".input_layernorm.weight", {h}, false, 0.1f});
+    s.tensors.push_back({p + ".post_attention_layernorm.weight", {h}, false, 0.1f});
+    s.tensors.push_back({p + ".self_attn.q_proj", {h, h}, true, std});
+    s.tensors.push_back({p + ".self_attn.k_proj", {kv, h}, true, std});
+    s.tensors.push_back({p + ".self_attn.v_proj", {kv, h}, true, std});
+    s.tensors.push_back({p + ".self_attn.o_proj", {h, h}, true, std});
+    s.tensors.push_back({p + ".self_attn.q_norm.weight", {h}, false, 0.1f});
+    s.tensors.push_back({p + ".self_attn.k_norm.weight", {kv}, false, 0.1f});
+    s.tensors.push_back({p + ".mlp.gate", {c.n_experts, h}, true, std * 4});
+    const int64_t e = c.n_experts, f = c.intermediate_size;
+    s.tensors.push_back({p + ".mlp.switch_mlp.gate_proj", {e, f, h}, true, std});
+    s.tensors.push_back({p + ".mlp.switch_mlp.up_proj", {e, f, h}, true, std});
+    s.tensors.push_back({p + ".mlp.switch_mlp.down_proj", {e, h, f}, true, std});
+  }
+  s.tensors.push_back({"model.norm.weight", {h}, false, 0.1f});
+  s.tensors.push_back({"lm_head", {c.vocab_size, h}, true, std});
+  return s;
+}
+
+}  // namespace
+
+const Architecture& olmoe_architecture() {
+  static const Architecture arch{"olmoe", &load_olmoe, &olmoe_test_model, {"tiny", "olmoe-1b-7b"}};
+  return arch;
+}
+
+}  // namespace moecel
