@@ -6,17 +6,21 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <optional>
+
 #include "cli/common.h"
 #include "core/error.h"
 #include "models/registry.h"
 #include "runtime/generate.h"
+#include "tokenizer/tokenizer.h"
 
 namespace moecel::cli {
 namespace {
 
 struct GenerateArgs {
   CommonOptions common;
-  std::string prompt_ids;
+  std::string prompt_ids, prompt;
   int max_tokens = 64;
   SamplerParams sampling;
   bool json = false;
@@ -25,17 +29,35 @@ struct GenerateArgs {
 
 void run_generate(const GenerateArgs& a) {
   validate(a.sampling);
-  MOECEL_CHECK(!a.prompt_ids.empty(), "give a prompt with --prompt-ids 1,2,3");
-  std::vector<int32_t> prompt = parse_ids(a.prompt_ids, "--prompt-ids");
+  MOECEL_CHECK(a.prompt_ids.empty() != a.prompt.empty(), "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
+  const std::string dir = model_dir(a.common);
+  std::optional<Tokenizer> tok;
+  if (std::filesystem::exists(dir + "/tokenizer.json")) {
+    tok = Tokenizer::load(dir + "/tokenizer.json");
+  } else {
+    MOECEL_CHECK(a.prompt.empty(), "--prompt needs a tokenizer, but {} has no tokenizer.json; use --prompt-ids", dir);
+  }
+  std::vector<int32_t> prompt = a.prompt.empty() ? parse_ids(a.prompt_ids, "--prompt-ids") : tok->encode(a.prompt, true);
   auto backend = make_backend(a.common);
-  auto model = load_model(model_dir(a.common), *backend);
+  auto model = load_model(dir, *backend);
   GenerateOptions opt;
   opt.max_tokens = a.max_tokens;
   opt.sampling = a.sampling;
   opt.stop_at_eos = !a.ignore_eos;
+  std::optional<StreamingDecoder> stream;
+  if (tok) stream.emplace(*tok, true);
+  if (!a.json && tok && !a.prompt.empty()) {
+    std::printf("%s", a.prompt.c_str());
+    std::fflush(stdout);
+  }
   auto on_token = [&](int32_t id) {
     if (!a.json) {
-      std::printf("%d ", id);
+      if (stream) {
+        std::string piece = stream->feed(id);
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+      } else {
+        std::printf("%d ", id);
+      }
       std::fflush(stdout);
     }
     return true;
@@ -53,8 +75,13 @@ void run_generate(const GenerateArgs& a) {
                         {"decode_seconds", r.decode_seconds},
                         {"prefill_tokens_per_second", prefill_tps},
                         {"decode_tokens_per_second", decode_tps}};
-    std::printf("%s\n", j.dump().c_str());
+    if (tok) j["text"] = tok->decode(r.output_ids, true);
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
+    if (stream) {
+      std::string rest = stream->flush();
+      std::fwrite(rest.data(), 1, rest.size(), stdout);
+    }
     std::printf("\n");
     std::fprintf(stderr, "prompt: %zu tokens, %.1f tok/s | generated: %zu tokens, %.1f tok/s | stop: %s\n",
                  prompt.size(), prefill_tps, r.output_ids.size(), decode_tps, r.stop_reason.c_str());
@@ -67,6 +94,7 @@ void register_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* sub = app.add_subcommand("generate", "Generate tokens from a prompt");
   add_common_options(sub, a->common);
+  sub->add_option("-p,--prompt", a->prompt, "Prompt text (tokenized with the model's tokenizer.json)");
   sub->add_option("--prompt-ids", a->prompt_ids, "Prompt as comma-separated token ids, e.g. 1,2,3");
   sub->add_option("-n,--max-tokens", a->max_tokens, "Maximum number of tokens to generate")
       ->default_val(64)

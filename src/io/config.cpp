@@ -110,7 +110,9 @@ std::optional<QuantSpec> parse_override(const std::string& src, const std::strin
   return parse_spec(src, field, v, def);
 }
 
-bool is_override(const json& v) { return v.is_object() || v.is_boolean(); }
+bool is_override(const json& v) {
+  return v.is_object() || v.is_boolean();
+}
 
 }  // namespace
 
@@ -132,9 +134,10 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, std::string source) 
     auto method = q->find("quant_method");
     if (method != q->end()) {
       // HF-style blocks (gptq, awq, fp8, bitsandbytes, ...) describe other formats.
-      fail("{}: field '{}.quant_method' is {}: only MLX affine quantization ('quantization': {{group_size, bits}}) "
-           "is supported",
-           src, key, brief(*method));
+      fail(
+          "{}: field '{}.quant_method' is {}: only MLX affine quantization ('quantization': {{group_size, bits}}) "
+          "is supported",
+          src, key, brief(*method));
     }
     c.default_quant_ = parse_spec(src, key, *q, std::nullopt);
     // Validate every override now so a bad one fails at load, not when its module is bound.
@@ -156,7 +159,9 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, std::string source) 
   return c;
 }
 
-std::string ModelConfig::model_type() const { return get_string("model_type"); }
+std::string ModelConfig::model_type() const {
+  return get_string("model_type");
+}
 
 bool ModelConfig::has(const std::string& key) const {
   auto it = j_.find(key);
@@ -195,7 +200,9 @@ double ModelConfig::get_float_or(const std::string& key, double def) const {
   return has(key) ? checked_float(source_, key, j_.at(key)) : def;
 }
 
-bool ModelConfig::get_bool_or(const std::string& key, bool def) const { return has(key) ? get_bool(key) : def; }
+bool ModelConfig::get_bool_or(const std::string& key, bool def) const {
+  return has(key) ? get_bool(key) : def;
+}
 
 double ModelConfig::rope_theta(double def) const {
   double theta = def;
@@ -210,7 +217,8 @@ double ModelConfig::rope_theta(double def) const {
       theta = checked_float(source_, field, rp.at("rope_theta"));
     }
   }
-  if (!(theta > 0) || !std::isfinite(theta)) fail("{}: field '{}' must be a positive number, got {}", source_, field, theta);
+  if (!(theta > 0) || !std::isfinite(theta))
+    fail("{}: field '{}' must be a positive number, got {}", source_, field, theta);
   return theta;
 }
 

@@ -125,8 +125,7 @@ void write_npy(const std::string& path, const Shape& shape, const float* data) {
   uint64_t numel = 1;
   for (int64_t d : shape) {
     MOECEL_CHECK(d >= 0, "{}: cannot write negative shape {}", path, shape_str(shape));
-    MOECEL_CHECK(!__builtin_mul_overflow(numel, uint64_t(d), &numel), "{}: shape {} overflows", path,
-                 shape_str(shape));
+    MOECEL_CHECK(!__builtin_mul_overflow(numel, uint64_t(d), &numel), "{}: shape {} overflows", path, shape_str(shape));
   }
   MOECEL_CHECK(data != nullptr || numel == 0, "{}: no data to write", path);
   std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape_str(shape) + ", }";
@@ -196,7 +195,8 @@ NpyArray read_npy(const std::string& path) {
   }
   if (dict.size() != 3) fail("{}: .npy header has unexpected keys (expected descr, fortran_order, shape)", path);
   const std::string& descr = dict["descr"];
-  if (descr != "'<f4'" && descr != "\"<f4\"") fail("{}: dtype {} is not supported (expected '<f4', float32)", path, descr);
+  if (descr != "'<f4'" && descr != "\"<f4\"")
+    fail("{}: dtype {} is not supported (expected '<f4', float32)", path, descr);
   if (dict["fortran_order"] != "False") {
     fail("{}: fortran_order {} is not supported (expected False, C order)", path, dict["fortran_order"]);
   }

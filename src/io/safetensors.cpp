@@ -90,15 +90,14 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   }
 
   it = v.find("data_offsets");
-  if (it == v.end() || !it->is_array() || it->size() != 2 || !as_u64((*it)[0], &e.begin) ||
-      !as_u64((*it)[1], &e.end)) {
+  if (it == v.end() || !it->is_array() || it->size() != 2 || !as_u64((*it)[0], &e.begin) || !as_u64((*it)[1], &e.end)) {
     bad(fmt::format("'data_offsets' must be [begin, end] with non-negative integers, got {}",
                     it == v.end() ? std::string("nothing") : json_brief(*it)));
   }
   if (e.end < e.begin) bad(fmt::format("data_offsets [{}, {}]: end < begin", e.begin, e.end));
   if (e.end - e.begin != nbytes) {
-    bad(fmt::format("data_offsets [{}, {}] span {} bytes, but {} x {} needs {} bytes", e.begin, e.end,
-                    e.end - e.begin, dtype_name(e.dtype), shape_str(e.shape), nbytes));
+    bad(fmt::format("data_offsets [{}, {}] span {} bytes, but {} x {} needs {} bytes", e.begin, e.end, e.end - e.begin,
+                    dtype_name(e.dtype), shape_str(e.shape), nbytes));
   }
   return e;
 }
@@ -160,8 +159,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = file_size - data_start;
 
-  json header = parse_json_strict(
-      std::string_view(reinterpret_cast<const char*>(base + 8), size_t(header_len)), path + ": header");
+  json header = parse_json_strict(std::string_view(reinterpret_cast<const char*>(base + 8), size_t(header_len)),
+                                  path + ": header");
   if (!header.is_object()) fail("{}: header must be a JSON object, got {}", path, json_brief(header));
 
   auto file = std::shared_ptr<SafetensorsFile>(new SafetensorsFile());
@@ -189,14 +188,14 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   for (const Entry& e : entries) {
     if (e.end > e.begin) by_offset.push_back(&e);
   }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const Entry* a, const Entry* b) { return a->begin != b->begin ? a->begin < b->begin : a->end < b->end; });
+  std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const Entry& a = *by_offset[i - 1];
     const Entry& b = *by_offset[i];
     if (b.begin < a.end) {
-      fail("{}: tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", path, a.name, a.begin, a.end, b.name, b.begin,
-           b.end);
+      fail("{}: tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", path, a.name, a.begin, a.end, b.name, b.begin, b.end);
     }
   }
 
@@ -247,7 +246,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     for (int64_t d : t.shape) MOECEL_CHECK(d >= 0, "{}: tensor '{}' has a negative dim {}", path, name, d);
     MOECEL_CHECK(t.data != nullptr || t.numel() == 0, "{}: tensor '{}' has no data", path, name);
     const uint64_t n = t.nbytes();
-    header[name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+    header[name] = {
+        {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string text = header.dump();

@@ -11,6 +11,14 @@
 #include "core/error.h"
 #include "core/half.h"
 
+// MLX rounds scale * q and then + bias separately; a fused multiply-add (which compilers emit on their own when
+// FMA is available, even in ISO mode) would differ in the last bit, so contraction is off for this file.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 namespace moecel {
 
 int64_t packed_words(int64_t in, int bits) {
@@ -99,8 +107,8 @@ float load_float(const void* data, DType dtype, int64_t i) {
 void dequantize_row(const LinearWeight& w, int64_t expert, int64_t row, float* out) {
   const int64_t n_slices = w.n_stack > 0 ? w.n_stack : 1;
   MOECEL_CHECK(expert >= 0 && expert < n_slices && row >= 0 && row < w.out,
-               "dequantize_row {}: expert {} row {} out of range ({} slices of {} rows)", w.name, expert, row,
-               n_slices, w.out);
+               "dequantize_row {}: expert {} row {} out of range ({} slices of {} rows)", w.name, expert, row, n_slices,
+               w.out);
   MOECEL_CHECK(w.weight.device == Device::kCpu, "dequantize_row {}: weight is not on the host", w.name);
   const int64_t r = expert * w.out + row;  // row index in the flattened (n_stack * out, ...) view
   if (!w.quantized()) {
@@ -114,7 +122,7 @@ void dequantize_row(const LinearWeight& w, int64_t expert, int64_t row, float* o
   for (int64_t g = 0; g < n_groups; ++g) {
     const float s = load_float(w.scales.data, w.scales.dtype, r * n_groups + g);
     const float b = load_float(w.biases.data, w.biases.dtype, r * n_groups + g);
-    // MLX computes scale * q + bias in f32 with two roundings; keep it that way (no fma) to match it exactly.
+    // Two roundings (see the fp-contract note above), exactly as mx.dequantize computes it.
     for (int64_t i = g * w.group_size; i < (g + 1) * w.group_size; ++i) {
       const float sq = s * float(q[size_t(i)]);
       out[i] = sq + b;

@@ -21,8 +21,7 @@ void unpack_row(const uint32_t* packed, int64_t in, int bits, uint8_t* q);
 // larger magnitude becomes the bias (q = 0 hits it exactly), scale = +-(max - min) / (2^bits - 1) nudged so that
 // 0.0 is exactly representable (the scale may be negative), q = clamp(round((w - bias) / scale), 0, 2^bits - 1).
 // scales/biases get in / group_size values. Non-finite input is an error.
-void quantize_row(const float* w, int64_t in, int bits, int group_size, uint32_t* packed, float* scales,
-                  float* biases);
+void quantize_row(const float* w, int64_t in, int bits, int group_size, uint32_t* packed, float* scales, float* biases);
 
 // Reads element i of a float tensor of dtype F32/F16/BF16.
 float load_float(const void* data, DType dtype, int64_t i);

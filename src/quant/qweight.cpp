@@ -23,14 +23,19 @@ std::string shape_hint(int64_t packed_cols, int64_t n_groups) {
 void check_rank(const std::string& tensor, const Tensor& t, bool stacked, const char* dims) {
   const int want = stacked ? 3 : 2;
   MOECEL_CHECK(t.ndim() == want, "tensor {}: expected {} dims {}, got {}", tensor, want, dims, shape_str(t.shape));
-  for (int64_t d : t.shape) MOECEL_CHECK(d > 0, "tensor {}: every dim must be positive, got {}", tensor, shape_str(t.shape));
+  for (int64_t d : t.shape)
+    MOECEL_CHECK(d > 0, "tensor {}: every dim must be positive, got {}", tensor, shape_str(t.shape));
   MOECEL_CHECK(t.data != nullptr, "tensor {}: has no data", tensor);
 }
 
 }  // namespace
 
-bool valid_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8; }
-bool valid_group_size(int group_size) { return group_size == 32 || group_size == 64 || group_size == 128; }
+bool valid_bits(int bits) {
+  return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
+}
+bool valid_group_size(int group_size) {
+  return group_size == 32 || group_size == 64 || group_size == 128;
+}
 
 size_t LinearWeight::bytes_per_slice() const {
   if (!quantized()) return size_t(out) * size_t(in) * dtype_size(weight.dtype);
@@ -39,7 +44,9 @@ size_t LinearWeight::bytes_per_slice() const {
   return packed + params;
 }
 
-size_t LinearWeight::total_bytes() const { return bytes_per_slice() * size_t(n_stack > 0 ? n_stack : 1); }
+size_t LinearWeight::total_bytes() const {
+  return bytes_per_slice() * size_t(n_stack > 0 ? n_stack : 1);
+}
 
 LinearWeight LinearWeight::quantized_from(std::string name, Tensor weight, Tensor scales, Tensor biases,
                                           QuantSpec expected, bool stacked) {
@@ -65,8 +72,8 @@ LinearWeight LinearWeight::quantized_from(std::string name, Tensor weight, Tenso
   // Scales must match the weight's leading dims; their last dim fixes `in` given the config's group size.
   Shape want_s = weight.shape;
   want_s.back() = n_groups;
-  MOECEL_CHECK(scales.shape == want_s, "tensor {}: expected {} (leading dims of {}), got {}", sn, shape_str(want_s),
-               wn, shape_str(scales.shape));
+  MOECEL_CHECK(scales.shape == want_s, "tensor {}: expected {} (leading dims of {}), got {}", sn, shape_str(want_s), wn,
+               shape_str(scales.shape));
   MOECEL_CHECK(biases.shape == scales.shape, "tensor {}: expected {} (same as scales), got {}", bn,
                shape_str(scales.shape), shape_str(biases.shape));
 
@@ -74,7 +81,8 @@ LinearWeight LinearWeight::quantized_from(std::string name, Tensor weight, Tenso
   // Bits implied by the shapes: packed_cols * 32 == bits * in.
   if (packed_cols * 32 != int64_t(expected.bits) * in) {
     // What the scales would have to be for the config's bits, in the DESIGN.md message form, plus a hint.
-    const bool exact = (packed_cols * 32) % expected.bits == 0 && (packed_cols * 32 / expected.bits) % expected.group_size == 0;
+    const bool exact =
+        (packed_cols * 32) % expected.bits == 0 && (packed_cols * 32 / expected.bits) % expected.group_size == 0;
     Shape want = weight.shape;
     want.back() = exact ? packed_cols * 32 / expected.bits / expected.group_size : -1;
     if (exact) {

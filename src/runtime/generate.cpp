@@ -24,9 +24,19 @@ GenerateResult generate(Model& model, std::span<const int32_t> prompt, const Gen
   MOECEL_CHECK(info.max_position_embeddings <= 0 || capacity <= info.max_position_embeddings,
                "prompt ({} tokens) plus --max-tokens ({}) exceeds the model's context of {} tokens", prompt.size(),
                opt.max_tokens, info.max_position_embeddings);
+  KvCache cache = model.make_cache(capacity);
+  return generate_into(model, cache, prompt, opt, on_token);
+}
+
+GenerateResult generate_into(Model& model, KvCache& cache, std::span<const int32_t> tokens,
+                             const GenerateOptions& opt, const std::function<bool(int32_t)>& on_token) {
+  MOECEL_CHECK(!tokens.empty(), "nothing to run: give at least one new token");
+  const ModelInfo& info = model.info();
+  MOECEL_CHECK(cache.length + int64_t(tokens.size()) + std::max(opt.max_tokens, 1) - 1 <= cache.capacity,
+               "context full: {} cached + {} new + {} to generate exceeds {} tokens", cache.length, tokens.size(),
+               opt.max_tokens, cache.capacity);
   Backend& be = model.backend();
   Sampler sampler(opt.sampling);
-  KvCache cache = model.make_cache(capacity);
   GenerateResult res;
   res.stop_reason = "length";
   if (opt.max_tokens == 0) return res;
@@ -39,7 +49,7 @@ GenerateResult generate(Model& model, std::span<const int32_t> prompt, const Gen
   };
 
   auto t0 = std::chrono::steady_clock::now();
-  int32_t next = pick(model.forward(prompt, cache, false));
+  int32_t next = pick(model.forward(tokens, cache, false));
   be.synchronize();
   res.prefill_seconds = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();

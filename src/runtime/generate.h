@@ -29,4 +29,9 @@ struct GenerateResult {
 GenerateResult generate(Model& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const std::function<bool(int32_t)>& on_token = {});
 
+// Continues a conversation held in `cache`: `tokens` are what cache.length does not hold yet (at least one).
+// The last generated id is not fed back, so the cache ends one token short of prompt + output.
+GenerateResult generate_into(Model& model, KvCache& cache, std::span<const int32_t> tokens,
+                             const GenerateOptions& opt, const std::function<bool(int32_t)>& on_token = {});
+
 }  // namespace moecel
