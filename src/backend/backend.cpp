@@ -2,6 +2,9 @@
 #include "backend/backend.h"
 
 #include "backend/cpu/cpu_backend.h"
+#ifdef MOECEL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "core/error.h"
 
 namespace moecel {
@@ -18,7 +21,12 @@ LinearWeight Backend::to_device(const LinearWeight& w) {
 
 std::unique_ptr<Backend> make_backend(std::string_view name) {
   if (name == "cpu") return std::make_unique<CpuBackend>();
-  if (name == "cuda") fail("--backend cuda: this build has no CUDA backend yet; use --backend cpu");
+#ifdef MOECEL_HAVE_CUDA
+  if (name == "cuda") return std::make_unique<CudaBackend>();  // throws when no CUDA device is found
+#else
+  if (name == "cuda")
+    fail("--backend cuda: this build has no CUDA backend (nvcc was not found at configure time); use --backend cpu");
+#endif
   fail("unknown backend '{}': expected 'cpu' or 'cuda'", name);
 }
 

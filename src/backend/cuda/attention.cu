@@ -1,0 +1,124 @@
+// Attention: one block of 4 warps per (head, token). Warp w takes cache rows first + w, first + w + 4, ...;
+// each lane holds head_dim / 32 dims (lane + 32 j: coalesced rows), the warp reduces q . k with shuffles and
+// keeps its own online-softmax state (max, sum, weighted V); the 4 states are merged through shared memory.
+// Decode and prefill share the kernel (prefill: grid.y = tokens). Split-K for long contexts and a tensor-core
+// prefill kernel are later steps.
+#include "backend/cuda/attention.cuh"
+
+namespace moecel::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+
+// Preconditions: blockDim.x == kThreads; grid (n_heads, n_tokens); head_dim <= 32 * VPL <= kMaxHeadDim;
+// n_heads % n_kv_heads == 0; cache rows [0, pos0 + n_tokens) exist.
+template <int VPL>
+__global__ void __launch_bounds__(kThreads)
+    attention_kernel(const float* q, const float* kc, const float* vc, int64_t pos0, int n_heads, int n_kv_heads,
+                     int head_dim, float scale, int window, float* out) {
+  __shared__ float s_m[kWarps], s_l[kWarps];
+  __shared__ float s_acc[kWarps][kMaxHeadDim];
+  const int h = blockIdx.x;
+  const int64_t t = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t q_width = int64_t(n_heads) * head_dim, kv_width = int64_t(n_kv_heads) * head_dim;
+  const int64_t kv_off = int64_t(h / (n_heads / n_kv_heads)) * head_dim;
+  const int64_t last = pos0 + t;
+  const int64_t first = window > 0 ? max(int64_t(0), last - window + 1) : 0;
+
+  float qv[VPL], acc[VPL];
+  const float* qr = q + t * q_width + int64_t(h) * head_dim;
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    const int d = lane + 32 * j;
+    qv[j] = d < head_dim ? qr[d] : 0.0f;
+    acc[j] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t p = first + warp; p <= last; p += kWarps) {
+    const float* kr = kc + p * kv_width + kv_off;
+    const float* vr = vc + p * kv_width + kv_off;
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+      const int d = lane + 32 * j;
+      if (d < head_dim) dot = fmaf(qv[j], kr[d], dot);
+    }
+    const float s = warp_sum(dot) * scale;
+    const float m_new = fmaxf(m, s);
+    const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);  // rescales the old state to the new max
+    const float pw = expf(s - m_new);
+    l = l * corr + pw;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+      const int d = lane + 32 * j;
+      const float v = d < head_dim ? vr[d] : 0.0f;
+      acc[j] = fmaf(pw, v, acc[j] * corr);
+    }
+    m = m_new;
+  }
+  if (lane == 0) {
+    s_m[warp] = m;
+    s_l[warp] = l;
+  }
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    const int d = lane + 32 * j;
+    if (d < head_dim) s_acc[warp][d] = acc[j];
+  }
+  __syncthreads();
+  // Merge: the global max is finite (row `last` is always attended); a warp that saw no row has m = -inf, l = 0.
+  float mx = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w]);
+  float wgt[kWarps], sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    wgt[w] = s_m[w] == -INFINITY ? 0.0f : expf(s_m[w] - mx);
+    sum = fmaf(s_l[w], wgt[w], sum);
+  }
+  const float inv = 1.0f / sum;
+  float* o = out + t * q_width + int64_t(h) * head_dim;
+  for (int d = threadIdx.x; d < head_dim; d += kThreads) {
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v = fmaf(s_acc[w][d], wgt[w], v);
+    o[d] = v * inv;
+  }
+}
+
+template <int VPL>
+void launch_vpl(const Ctx& ctx, dim3 grid, const float* q, const float* kc, const float* vc, int64_t pos0, int n_heads,
+                int n_kv_heads, int head_dim, float scale, int window, float* out) {
+  attention_kernel<VPL>
+      <<<grid, kThreads, 0, ctx.stream>>>(q, kc, vc, pos0, n_heads, n_kv_heads, head_dim, scale, window, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_attention(const Ctx& ctx, const float* q, const float* k_cache, const float* v_cache, int64_t pos0,
+                      int64_t n_tokens, int n_heads, int n_kv_heads, int head_dim, float scale, int window,
+                      float* out) {
+  if (n_tokens == 0 || n_heads == 0) return;
+  CUDA_REQUIRE(head_dim > 0 && head_dim <= kMaxHeadDim, "attention: head_dim must be in [1, 256]");
+  CUDA_REQUIRE(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "attention: n_heads must be a multiple of n_kv_heads");
+  CUDA_REQUIRE(pos0 >= 0 && n_tokens <= 65535, "attention: bad pos0 / token count");
+  const dim3 grid{unsigned(n_heads), unsigned(n_tokens)};
+  switch ((head_dim + 31) / 32) {
+#define MOECEL_ATTN_CASE(V) \
+  case V: launch_vpl<V>(ctx, grid, q, k_cache, v_cache, pos0, n_heads, n_kv_heads, head_dim, scale, window, out); break;
+    MOECEL_ATTN_CASE(1)
+    MOECEL_ATTN_CASE(2)
+    MOECEL_ATTN_CASE(3)
+    MOECEL_ATTN_CASE(4)
+    MOECEL_ATTN_CASE(5)
+    MOECEL_ATTN_CASE(6)
+    MOECEL_ATTN_CASE(7)
+    MOECEL_ATTN_CASE(8)
+#undef MOECEL_ATTN_CASE
+  }
+}
+
+}  // namespace moecel::cuda

@@ -1,0 +1,18 @@
+// Causal attention over the KV cache with GQA and an optional sliding window (f32, online softmax).
+// Used by: CudaBackend::attention.
+#pragma once
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace moecel::cuda {
+
+constexpr int kMaxHeadDim = 256;
+
+// q (n_tokens, n_heads * head_dim); k_cache, v_cache (>= pos0 + n_tokens rows, n_kv_heads * head_dim);
+// out (n_tokens, n_heads * head_dim). Token t (position pos0 + t) attends to cache rows [first, pos0 + t],
+// first = window > 0 ? max(0, pos0 + t - window + 1) : 0; query head h reads kv head h / (n_heads / n_kv_heads).
+void launch_attention(const Ctx& ctx, const float* q, const float* k_cache, const float* v_cache, int64_t pos0,
+                      int64_t n_tokens, int n_heads, int n_kv_heads, int head_dim, float scale, int window, float* out);
+
+}  // namespace moecel::cuda

@@ -1,0 +1,449 @@
+// CudaBackend: device setup, memory and transfers, and the host side of every op: validation with
+// messages naming what was expected (mirroring the CPU backend's checks), then one launcher call from the
+// op family's .cuh. Kernels run on one non-blocking stream; only to_host / from_host / argmax / synchronize
+// wait for it, and those also report bad input that kernels flagged (see cuda_common.cuh, DeviceError).
+// (src/backend/**/*.cpp is globbed into moecel_lib even without CUDA, hence the guard.)
+#if defined(MOECEL_HAVE_CUDA)
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_memory.h"
+#include "backend/cuda/misc.cuh"
+#include "backend/cuda/moe.cuh"
+#include "backend/cuda/norm_rope.cuh"
+#include "backend/cuda/qmatmul.cuh"
+#include "core/error.h"
+
+namespace moecel {
+namespace {
+
+using cuda::FloatType;
+
+FloatType float_type(DType t, const std::string& what) {
+  switch (t) {
+    case DType::kF32: return FloatType::kF32;
+    case DType::kF16: return FloatType::kF16;
+    case DType::kBF16: return FloatType::kBF16;
+    default: fail("{}: expected an F32, F16 or BF16 tensor, got {}", what, dtype_name(t));
+  }
+}
+
+void check_dev(const Tensor& t, const char* what) {
+  MOECEL_CHECK(t.device == Device::kCuda,
+               "{}: tensor {} is in host memory; the CUDA backend needs it on the device "
+               "(alloc / to_device)",
+               what, shape_str(t.shape));
+  MOECEL_CHECK(t.data != nullptr || t.numel() == 0, "{}: tensor {} has no data", what, shape_str(t.shape));
+}
+
+void check_f32(const Tensor& t, const char* what) {
+  check_dev(t, what);
+  MOECEL_CHECK(t.dtype == DType::kF32, "{}: expected an F32 tensor, got {}", what, dtype_name(t.dtype));
+}
+
+void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
+  MOECEL_CHECK(t.numel() == rows * cols, "{}: expected {} elements ({} x {}), got shape {}", what, rows * cols, rows,
+               cols, shape_str(t.shape));
+}
+
+// Kernels that stage inputs in shared memory must not write their own input.
+void check_no_overlap(const Tensor& a, const Tensor& b, const char* what) {
+  const char* pa = static_cast<const char*>(a.data);
+  const char* pb = static_cast<const char*>(b.data);
+  const bool overlap = a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
+  MOECEL_CHECK(!overlap, "{}: the output must not overlap the input", what);
+}
+
+// The CPU backend's weight checks (cpu/matmul.cpp), for device weights, turned into raw pointers.
+cuda::WeightView weight_view(const LinearWeight& w, const char* op) {
+  const std::string& n = w.name;
+  MOECEL_CHECK(w.weight.device == Device::kCuda, "{}: weight {} is in host memory; upload it with to_device", op, n);
+  MOECEL_CHECK(w.out >= 0 && w.in > 0, "{}: weight {} has bad shape out={} in={}", op, n, w.out, w.in);
+  MOECEL_CHECK(w.n_stack >= 0, "{}: weight {} has n_stack {}", op, n, w.n_stack);
+  const Shape lead = w.n_stack > 0 ? Shape{w.n_stack} : Shape{};
+  auto expect = [&](const Tensor& t, const char* what, int64_t cols) {
+    Shape want = lead;
+    want.push_back(w.out);
+    want.push_back(cols);
+    MOECEL_CHECK(t.shape == want, "{}: {}.{}: expected shape {}, got {}", op, n, what, shape_str(want),
+                 shape_str(t.shape));
+    MOECEL_CHECK(t.numel() == 0 || t.data != nullptr, "{}: {}.{} has no data", op, n, what);
+    MOECEL_CHECK(t.device == Device::kCuda, "{}: {}.{} is in host memory; upload it with to_device", op, n, what);
+  };
+  cuda::WeightView v;
+  v.n_stack = std::max<int64_t>(1, w.n_stack);
+  v.out = w.out;
+  v.in = w.in;
+  v.w = w.weight.data;
+  if (!w.quantized()) {
+    v.wtype = float_type(w.weight.dtype, fmt::format("{}: dense weight {}", op, n));
+    expect(w.weight, "weight", w.in);
+    return v;
+  }
+  MOECEL_CHECK(valid_bits(w.bits) && valid_group_size(w.group_size),
+               "{}: weight {}: unsupported quantization bits={} group_size={}", op, n, w.bits, w.group_size);
+  MOECEL_CHECK(w.in % w.group_size == 0 && (w.in * w.bits) % 32 == 0,
+               "{}: weight {}: in={} is not a multiple of group_size {} and 32/bits", op, n, w.in, w.group_size);
+  MOECEL_CHECK(w.weight.dtype == DType::kU32, "{}: {}.weight must be U32 packed, got {}", op, n,
+               dtype_name(w.weight.dtype));
+  expect(w.weight, "weight", w.in * w.bits / 32);
+  MOECEL_CHECK(reinterpret_cast<uintptr_t>(w.weight.data) % 16 == 0,
+               "{}: {}.weight is not 16-byte aligned on the device (upload it with to_device)", op, n);
+  v.stype = float_type(w.scales.dtype, fmt::format("{}: {}.scales", op, n));
+  expect(w.scales, "scales", w.in / w.group_size);
+  v.scales = w.scales.data;
+  if (w.biases.data != nullptr) {
+    MOECEL_CHECK(w.biases.dtype == w.scales.dtype, "{}: {}.biases dtype {} differs from scales dtype {}", op, n,
+                 dtype_name(w.biases.dtype), dtype_name(w.scales.dtype));
+    expect(w.biases, "biases", w.in / w.group_size);
+    v.biases = w.biases.data;
+  }
+  v.bits = w.bits;
+  v.group_size = w.group_size;
+  return v;
+}
+
+}  // namespace
+
+int cuda_device_count(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = fmt::format("cudaGetDeviceCount: {}: {}", cudaGetErrorName(err), cudaGetErrorString(err));
+    return 0;
+  }
+  if (n == 0 && why) *why = "cudaGetDeviceCount reports 0 devices";
+  return n;
+}
+
+struct CudaBackend::Impl {
+  cuda::Ctx ctx;
+  std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();
+  unsigned* flag_host = nullptr;  // mapped pinned word the kernels raise DeviceError bits in
+
+  ~Impl() {  // errors ignored: this may run while the process exits
+    if (ctx.stream) {
+      cudaStreamSynchronize(ctx.stream);
+      cudaStreamDestroy(ctx.stream);
+    }
+    if (flag_host) cudaFreeHost(flag_host);
+    cudaGetLastError();
+  }
+
+  void sync() {
+    CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+    const unsigned e = __atomic_exchange_n(flag_host, 0u, __ATOMIC_SEQ_CST);
+    if (e == 0) return;
+    std::string what;
+    if (e & cuda::kErrTokenId) what += "a token id outside the vocabulary (embedding)";
+    if (e & cuda::kErrExpertIndex)
+      what += std::string(what.empty() ? "" : "; ") + "an expert index outside [0, n_experts) (gather_linear)";
+    fail("CUDA backend: a kernel was given bad input: {}; the affected outputs are NaN", what);
+  }
+
+  std::shared_ptr<void> scratch(size_t bytes) { return pool->get(std::max<size_t>(bytes, 16)); }
+};
+
+CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
+  std::string why;
+  const int n = cuda_device_count(&why);
+  if (n == 0) fail("--backend cuda: no CUDA device found ({})", why);
+  MOECEL_CHECK(device >= 0 && device < n, "--backend cuda: CUDA device {} does not exist ({} found)", device, n);
+  CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  // The kernels are built for sm_90a only (-gencode=arch=compute_90a,code=sm_90a), which runs on CC 9.0 alone.
+  MOECEL_CHECK(prop.major == 9 && prop.minor == 0,
+               "--backend cuda: device {} ({}) has compute capability {}.{}; this build's kernels are for sm_90a "
+               "(Hopper, 9.0) only",
+               device, prop.name, prop.major, prop.minor);
+  impl_->ctx.sm_count = prop.multiProcessorCount;
+  impl_->ctx.max_smem_optin = int(prop.sharedMemPerBlockOptin);
+  CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->ctx.stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->flag_host), sizeof(unsigned), cudaHostAllocMapped));
+  *impl_->flag_host = 0;
+  CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->ctx.error_flag), impl_->flag_host, 0));
+}
+
+CudaBackend::~CudaBackend() = default;
+
+size_t CudaBackend::pool_live_bytes() const {
+  return impl_->pool->live_bytes();
+}
+size_t CudaBackend::pool_cached_bytes() const {
+  return impl_->pool->cached_bytes();
+}
+
+void CudaBackend::synchronize() {
+  impl_->sync();
+}
+
+// ---- memory ----
+
+Tensor CudaBackend::alloc(DType dtype, Shape shape) {
+  for (int64_t d : shape) MOECEL_CHECK(d >= 0, "cuda alloc: negative dimension in {}", shape_str(shape));
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.device = Device::kCuda;
+  const size_t bytes = t.nbytes();
+  if (bytes == 0) return t;
+  t.owner = impl_->pool->get(bytes);
+  t.data = t.owner.get();
+  CUDA_CHECK(cudaMemsetAsync(t.data, 0, bytes, impl_->ctx.stream));
+  return t;
+}
+
+Tensor CudaBackend::to_device(const Tensor& host) {
+  if (host.device == Device::kCuda) return host;
+  Tensor t = host;
+  t.device = Device::kCuda;
+  t.owner.reset();
+  t.data = nullptr;
+  const size_t bytes = host.nbytes();
+  if (bytes == 0 || host.data == nullptr) return t;
+  // Weights live for the whole run: exact-size allocations, outside the activation cache.
+  void* p = cuda::device_malloc(bytes, impl_->pool.get(), "a weight tensor");
+  t.owner = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  t.data = p;
+  CUDA_CHECK(cudaMemcpyAsync(p, host.data, bytes, cudaMemcpyHostToDevice, impl_->ctx.stream));
+  impl_->sync();
+  return t;
+}
+
+void CudaBackend::to_host(const Tensor& src, void* dst) {
+  const size_t bytes = src.nbytes();
+  if (bytes == 0) return;
+  if (src.device == Device::kCpu) {
+    std::memcpy(dst, src.data, bytes);
+    return;
+  }
+  check_dev(src, "to_host");
+  CUDA_CHECK(cudaMemcpyAsync(dst, src.data, bytes, cudaMemcpyDeviceToHost, impl_->ctx.stream));
+  impl_->sync();
+}
+
+void CudaBackend::from_host(const void* src, Tensor& dst) {
+  const size_t bytes = dst.nbytes();
+  if (bytes == 0) return;
+  if (dst.device == Device::kCpu) {
+    std::memcpy(dst.data, src, bytes);
+    return;
+  }
+  check_dev(dst, "from_host");
+  CUDA_CHECK(cudaMemcpyAsync(dst.data, src, bytes, cudaMemcpyHostToDevice, impl_->ctx.stream));
+  impl_->sync();  // the caller's buffer may go away after we return
+}
+
+// ---- ops ----
+
+void CudaBackend::embedding(const LinearWeight& table, const Tensor& ids, Tensor& out) {
+  check_f32(out, "embedding output");
+  check_dev(ids, "embedding ids");
+  MOECEL_CHECK(ids.dtype == DType::kI32, "embedding: ids must be I32, got {}", dtype_name(ids.dtype));
+  const int64_t n = ids.numel();
+  check_rows(out, n, table.in, "embedding output");
+  const cuda::WeightView v = weight_view(table, "embedding");
+  cuda::launch_embedding(impl_->ctx, v, ids.ptr<int32_t>(), n, out.ptr<float>());
+}
+
+void CudaBackend::linear(const LinearWeight& w, const Tensor& x, Tensor& y) {
+  check_f32(x, "linear input");
+  check_f32(y, "linear output");
+  const cuda::WeightView v = weight_view(w, "linear");
+  const int64_t n = x.numel() / std::max<int64_t>(1, w.in);
+  check_rows(x, n, w.in, w.name.c_str());
+  check_rows(y, n, w.out, w.name.c_str());
+  check_no_overlap(x, y, "linear");
+  cuda::launch_linear(impl_->ctx, v, x.ptr<float>(), n, y.ptr<float>());
+}
+
+void CudaBackend::gather_linear(const LinearWeight& w, const Tensor& x, const Tensor& indices, Tensor& y) {
+  check_f32(x, "gather_linear input");
+  check_f32(y, "gather_linear output");
+  check_dev(indices, "gather_linear indices");
+  MOECEL_CHECK(indices.dtype == DType::kI32 && indices.ndim() == 2, "gather_linear: indices must be I32 (n_tokens, k)");
+  const cuda::WeightView v = weight_view(w, "gather_linear");
+  MOECEL_CHECK(w.n_stack > 0, "gather_linear: weight {} has no experts axis", w.name);
+  const int64_t n = indices.dim(0), k = indices.dim(1);
+  const bool per_slot = k > 1 && x.numel() == n * k * w.in;  // else one x row shared by the k slots
+  if (!per_slot) check_rows(x, n, w.in, w.name.c_str());
+  check_rows(y, n * k, w.out, w.name.c_str());
+  check_no_overlap(x, y, "gather_linear");
+  if (n * k == 0 || w.out == 0) return;
+  const std::shared_ptr<void> scratch = impl_->scratch(cuda::gather_scratch_bytes(v, n, k));
+  // The scratch block goes back to the pool on return while the kernels may still be queued: safe, because any
+  // later user of the block is queued behind them on the same stream.
+  cuda::launch_gather_linear(impl_->ctx, v, x.ptr<float>(), per_slot, indices.ptr<int32_t>(), n, k, y.ptr<float>(),
+                             scratch.get());
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
+  check_f32(x, "rms_norm input");
+  check_f32(y, "rms_norm output");
+  check_dev(weight, "rms_norm weight");
+  const FloatType wt = float_type(weight.dtype, "rms_norm weight");
+  const int64_t d = weight.numel();
+  MOECEL_CHECK(d > 0, "rms_norm: empty weight");
+  const int64_t n = x.numel() / d;
+  check_rows(x, n, d, "rms_norm input");
+  check_rows(y, n, d, "rms_norm output");
+  if (x.data != y.data) check_no_overlap(x, y, "rms_norm");  // in place is fine, a partial overlap is not
+  cuda::launch_rms_norm(impl_->ctx, x.ptr<float>(), weight.data, wt, n, d, eps, y.ptr<float>());
+}
+
+void CudaBackend::rope(Tensor& x, int64_t pos0, int n_heads, int head_dim, int rot_dims, float theta) {
+  check_f32(x, "rope input");
+  MOECEL_CHECK(n_heads > 0 && head_dim > 0, "rope: bad n_heads {} / head_dim {}", n_heads, head_dim);
+  const int64_t width = int64_t(n_heads) * head_dim;
+  const int64_t n = x.numel() / width;
+  check_rows(x, n, width, "rope input");
+  MOECEL_CHECK(rot_dims % 2 == 0 && rot_dims >= 0 && rot_dims <= head_dim, "rope: bad rotary dims {}", rot_dims);
+  const int half = rot_dims / 2;
+  MOECEL_CHECK(half <= cuda::kMaxRopeHalf, "rope: rotary dims {} above the CUDA backend's limit {}", rot_dims,
+               2 * cuda::kMaxRopeHalf);
+  MOECEL_CHECK(pos0 >= 0, "rope: negative position {}", pos0);
+  cuda::RopeFreqs f{};
+  // Exactly the CPU backend's frequencies: pow in double, then rounded to f32.
+  for (int i = 0; i < half; ++i) f.inv_freq[i] = float(std::pow(double(theta), -2.0 * i / rot_dims));
+  cuda::launch_rope(impl_->ctx, x.ptr<float>(), n, pos0, n_heads, head_dim, half, f);
+}
+
+void CudaBackend::kv_store(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, int64_t pos0) {
+  check_f32(k, "kv_store k");
+  check_f32(v, "kv_store v");
+  check_f32(k_cache, "kv_store k_cache");
+  check_f32(v_cache, "kv_store v_cache");
+  MOECEL_CHECK(k_cache.ndim() == 2 && v_cache.shape == k_cache.shape,
+               "kv_store: caches must both be "
+               "(max_positions, n_kv_heads * head_dim), got {} and {}",
+               shape_str(k_cache.shape), shape_str(v_cache.shape));
+  const int64_t width = k_cache.dim(-1);
+  const int64_t n = k.numel() / width;
+  check_rows(k, n, width, "kv_store k");
+  check_rows(v, n, width, "kv_store v");
+  MOECEL_CHECK(pos0 >= 0 && pos0 + n <= k_cache.dim(0), "context length {} exceeds the KV cache size {}", pos0 + n,
+               k_cache.dim(0));
+  const size_t bytes = size_t(n * width) * sizeof(float);
+  if (bytes == 0) return;
+  CUDA_CHECK(
+      cudaMemcpyAsync(k_cache.ptr<float>() + pos0 * width, k.data, bytes, cudaMemcpyDeviceToDevice, impl_->ctx.stream));
+  CUDA_CHECK(
+      cudaMemcpyAsync(v_cache.ptr<float>() + pos0 * width, v.data, bytes, cudaMemcpyDeviceToDevice, impl_->ctx.stream));
+}
+
+void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t pos0, int n_heads,
+                            int n_kv_heads, int head_dim, float scale, int window, Tensor& out) {
+  check_f32(q, "attention q");
+  check_f32(k_cache, "attention k_cache");
+  check_f32(v_cache, "attention v_cache");
+  check_f32(out, "attention output");
+  MOECEL_CHECK(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+               "attention: n_heads {} not a multiple of n_kv_heads {}", n_heads, n_kv_heads);
+  MOECEL_CHECK(head_dim > 0 && head_dim <= cuda::kMaxHeadDim,
+               "attention: head_dim {} outside the CUDA backend's "
+               "range [1, {}]",
+               head_dim, cuda::kMaxHeadDim);
+  const int64_t q_width = int64_t(n_heads) * head_dim, kv_width = int64_t(n_kv_heads) * head_dim;
+  const int64_t n = q.numel() / q_width;
+  check_rows(q, n, q_width, "attention q");
+  check_rows(out, n, q_width, "attention output");
+  MOECEL_CHECK(k_cache.ndim() == 2 && k_cache.dim(1) == kv_width && v_cache.shape == k_cache.shape,
+               "attention: caches must be (max_positions, {}), got {} and {}", kv_width, shape_str(k_cache.shape),
+               shape_str(v_cache.shape));
+  MOECEL_CHECK(pos0 >= 0 && pos0 + n <= k_cache.dim(0), "attention: positions up to {} exceed the KV cache size {}",
+               pos0 + n, k_cache.dim(0));
+  MOECEL_CHECK(window >= 0, "attention: negative window {}", window);
+  MOECEL_CHECK(n <= 65535, "attention: at most 65535 tokens per call, got {}", n);
+  check_no_overlap(q, out, "attention");
+  cuda::launch_attention(impl_->ctx, q.ptr<float>(), k_cache.ptr<float>(), v_cache.ptr<float>(), pos0, n, n_heads,
+                         n_kv_heads, head_dim, scale, window, out.ptr<float>());
+}
+
+void CudaBackend::glu(Activation act, const Tensor& gate, const Tensor& up, Tensor& out) {
+  check_f32(gate, "glu gate");
+  check_f32(up, "glu up");
+  check_f32(out, "glu output");
+  MOECEL_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel(), "glu: shapes {}, {} and {} differ",
+               shape_str(gate.shape), shape_str(up.shape), shape_str(out.shape));
+  cuda::GluAct a = cuda::GluAct::kSiLU;
+  switch (act) {
+    case Activation::kSiLU: a = cuda::GluAct::kSiLU; break;
+    case Activation::kGeLU: a = cuda::GluAct::kGeLU; break;
+    case Activation::kReLU2: a = cuda::GluAct::kReLU2; break;
+  }
+  cuda::launch_glu(impl_->ctx, a, gate.ptr<float>(), up.ptr<float>(), gate.numel(), out.ptr<float>());
+}
+
+void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  check_f32(a, "add input");
+  check_f32(b, "add input");
+  check_f32(out, "add output");
+  MOECEL_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add: shapes {} and {} differ", shape_str(a.shape),
+               shape_str(b.shape));
+  cuda::launch_add(impl_->ctx, a.ptr<float>(), b.ptr<float>(), a.numel(), out.ptr<float>());
+}
+
+void CudaBackend::clamp(Tensor& x, float limit) {
+  check_f32(x, "clamp");
+  cuda::launch_clamp(impl_->ctx, x.ptr<float>(), x.numel(), limit);
+}
+
+void CudaBackend::router_topk(const Tensor& logits, RouterScoring scoring, int k, bool renormalize, Tensor& indices,
+                              Tensor& weights) {
+  check_f32(logits, "router logits");
+  check_dev(indices, "router indices");
+  check_f32(weights, "router weights");
+  MOECEL_CHECK(logits.ndim() == 2, "router: logits must be (n_tokens, n_experts), got {}", shape_str(logits.shape));
+  MOECEL_CHECK(indices.dtype == DType::kI32, "router: indices must be I32, got {}", dtype_name(indices.dtype));
+  const int64_t n = logits.dim(0), n_experts = logits.dim(1);
+  MOECEL_CHECK(k >= 1 && k <= n_experts, "router: top-k {} must be in [1, {}]", k, n_experts);
+  MOECEL_CHECK(k <= cuda::kMaxTopK && n_experts <= cuda::kMaxRouterExperts,
+               "router: the CUDA backend supports top-k <= {} of <= {} experts, got {} of {}", cuda::kMaxTopK,
+               cuda::kMaxRouterExperts, k, n_experts);
+  check_rows(indices, n, k, "router indices");
+  check_rows(weights, n, k, "router weights");
+  cuda::launch_router_topk(impl_->ctx, logits.ptr<float>(), n, int(n_experts), k,
+                           scoring == RouterScoring::kTopKSoftmax, renormalize, indices.ptr<int32_t>(),
+                           weights.ptr<float>());
+}
+
+void CudaBackend::moe_weighted_sum(const Tensor& y, const Tensor& weights, Tensor& out) {
+  check_f32(y, "moe_weighted_sum input");
+  check_f32(weights, "moe_weighted_sum weights");
+  check_f32(out, "moe_weighted_sum output");
+  MOECEL_CHECK(weights.ndim() == 2, "moe_weighted_sum: weights must be (n_tokens, k), got {}",
+               shape_str(weights.shape));
+  const int64_t n = weights.dim(0), k = weights.dim(1);
+  if (n == 0) return;
+  const int64_t h = out.numel() / n;
+  check_rows(out, n, h, "moe_weighted_sum output");
+  check_rows(y, n * k, h, "moe_weighted_sum input");
+  check_no_overlap(y, out, "moe_weighted_sum");
+  cuda::launch_moe_weighted_sum(impl_->ctx, y.ptr<float>(), weights.ptr<float>(), n, k, h, out.ptr<float>());
+}
+
+std::vector<int32_t> CudaBackend::argmax(const Tensor& logits) {
+  check_f32(logits, "argmax");
+  MOECEL_CHECK(logits.ndim() >= 1 && logits.dim(-1) > 0, "argmax: empty rows in {}", shape_str(logits.shape));
+  const int64_t v = logits.dim(-1), n = logits.numel() / v;
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  if (n == 0) return out;
+  const std::shared_ptr<void> buf = impl_->scratch(size_t(n) * sizeof(int32_t));
+  cuda::launch_argmax(impl_->ctx, logits.ptr<float>(), n, v, static_cast<int32_t*>(buf.get()));
+  CUDA_CHECK(
+      cudaMemcpyAsync(out.data(), buf.get(), size_t(n) * sizeof(int32_t), cudaMemcpyDeviceToHost, impl_->ctx.stream));
+  impl_->sync();
+  return out;
+}
+
+}  // namespace moecel
+#endif  // MOECEL_HAVE_CUDA

@@ -1,0 +1,60 @@
+// The CUDA backend (NVIDIA Hopper, sm_90a): device tensors from a caching allocator, all work on one stream,
+// every op validated on the host and checked against the CPU backend by tests/backend. Plain C++ header (no
+// CUDA types), so host code and tests include it without the CUDA toolkit's headers.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace moecel {
+
+// Number of usable CUDA devices; 0 (with the reason in *why) when there is none or the driver cannot be used.
+// Never throws.
+int cuda_device_count(std::string* why = nullptr);
+
+class CudaBackend final : public Backend {
+ public:
+  // Throws moecel::Error ("--backend cuda: no CUDA device found (...)") when no device is usable.
+  explicit CudaBackend(int device = 0);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return Device::kCuda; }
+
+  Tensor alloc(DType dtype, Shape shape) override;
+  Tensor to_device(const Tensor& host) override;
+  using Backend::to_device;
+  void to_host(const Tensor& src, void* dst) override;
+  void from_host(const void* src, Tensor& dst) override;
+
+  void embedding(const LinearWeight& table, const Tensor& ids, Tensor& out) override;
+  void linear(const LinearWeight& w, const Tensor& x, Tensor& y) override;
+  void gather_linear(const LinearWeight& w, const Tensor& x, const Tensor& indices, Tensor& y) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) override;
+  void rope(Tensor& x, int64_t pos0, int n_heads, int head_dim, int rot_dims, float theta) override;
+  void kv_store(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, int64_t pos0) override;
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t pos0, int n_heads,
+                 int n_kv_heads, int head_dim, float scale, int window, Tensor& out) override;
+  void glu(Activation act, const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void clamp(Tensor& x, float limit) override;
+  void router_topk(const Tensor& logits, RouterScoring scoring, int k, bool renormalize, Tensor& indices,
+                   Tensor& weights) override;
+  void moe_weighted_sum(const Tensor& y, const Tensor& weights, Tensor& out) override;
+  std::vector<int32_t> argmax(const Tensor& logits) override;
+  // Waits for the stream, then throws if a kernel flagged bad input (token id / expert index out of range).
+  void synchronize() override;
+
+  // Bytes held by the caching allocator: handed out, and cached for reuse.
+  size_t pool_live_bytes() const;
+  size_t pool_cached_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moecel

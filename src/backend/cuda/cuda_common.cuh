@@ -1,0 +1,155 @@
+// Shared plumbing of the CUDA backend: checks that turn CUDA errors and broken launch preconditions into
+// moecel::Error, the context every launcher receives (stream, device limits, device-side error flag), and
+// small device helpers (float loads of F32/F16/BF16 data, warp reductions).
+// Included by the kernels (.cu) and by the host-only .cpp files of the backend, which never see device code.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace moecel::cuda {
+
+// Throw moecel::Error naming the failed call / condition and where it was checked (defined in cuda_common.cpp,
+// compiled by the host compiler: fmt's compile-time format strings do not build under nvcc).
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line);
+[[noreturn]] void throw_precondition(const char* cond, const std::string& what, const char* file, int line);
+
+// The float types a weight, scale or norm weight may have on the device (mirrors DType's float members).
+enum class FloatType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// Bits kernels raise in the error flag on bad input that only the device sees (indices computed on the GPU).
+// The backend reads the flag after every synchronization and throws.
+enum DeviceError : unsigned {
+  kErrTokenId = 1u,      // embedding: a token id outside [0, vocab_size)
+  kErrExpertIndex = 2u,  // gather_linear: an expert index outside [0, n_experts)
+};
+
+// What every launcher needs. All work of a backend goes to its one stream.
+struct Ctx {
+  cudaStream_t stream = nullptr;
+  unsigned* error_flag = nullptr;  // device pointer to a mapped, pinned host word (see DeviceError)
+  int sm_count = 0;
+  int max_smem_optin = 48 * 1024;  // bytes of dynamic shared memory one block may opt into
+};
+
+}  // namespace moecel::cuda
+
+// Every CUDA runtime call is wrapped; launches are followed by CUDA_CHECK_LAUNCH().
+#define CUDA_CHECK(expr)                                                                                      \
+  do {                                                                                                        \
+    cudaError_t moecel_err_ = (expr);                                                                         \
+    if (moecel_err_ != cudaSuccess) ::moecel::cuda::throw_cuda_error(moecel_err_, #expr, __FILE__, __LINE__); \
+  } while (0)
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+// Launch preconditions in .cu files (the host .cpp files use MOECEL_CHECK with formatted messages).
+#define CUDA_REQUIRE(cond, what)                                                        \
+  do {                                                                                  \
+    if (!(cond)) ::moecel::cuda::throw_precondition(#cond, (what), __FILE__, __LINE__); \
+  } while (0)
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace moecel::cuda {
+
+__device__ __forceinline__ float to_f32(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_f32(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+// Element i of F32/F16/BF16 data chosen at run time (for kernels where the dtype is not a template argument).
+__device__ __forceinline__ float load_float(const void* p, FloatType t, int64_t i) {
+  switch (t) {
+    case FloatType::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    case FloatType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block, returned to every thread. Preconditions: blockDim.x is a multiple of 32 and at most
+// 1024; every thread calls it; `red` holds 32 floats. Ends with a barrier, so `red` may be reused right away.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < n_warps ? red[lane] : 0.0f;
+  t = warp_sum(t);
+  __syncthreads();
+  return t;
+}
+
+// Max over the block, returned to every thread (same preconditions as block_sum).
+__device__ __forceinline__ float block_max(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_max(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < n_warps ? red[lane] : -INFINITY;
+  t = warp_max(t);
+  __syncthreads();
+  return t;
+}
+
+// (value, index) pairs: a larger value wins; the lower index wins a tie; index -1 means "none".
+__device__ __forceinline__ bool arg_better(float v, int i, float bv, int bi) {
+  if (i < 0) return false;
+  if (bi < 0) return true;
+  return v > bv || (v == bv && i < bi);
+}
+
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (arg_better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+// Argmax over the block (ties to the lower index), returned to every thread. Same preconditions as block_sum;
+// `red_v` and `red_i` hold 32 entries each.
+__device__ __forceinline__ void block_argmax(float& v, int& i, float* red_v, int* red_i) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  warp_argmax(v, i);
+  if (lane == 0) {
+    red_v[warp] = v;
+    red_i[warp] = i;
+  }
+  __syncthreads();
+  float tv = lane < n_warps ? red_v[lane] : 0.0f;
+  int ti = lane < n_warps ? red_i[lane] : -1;
+  warp_argmax(tv, ti);
+  __syncthreads();
+  v = tv;
+  i = ti;
+}
+
+__device__ __forceinline__ void raise_device_error(unsigned* flag, unsigned bits) {
+  if (flag) atomicOr_system(flag, bits);
+}
+
+}  // namespace moecel::cuda
+#endif  // __CUDACC__

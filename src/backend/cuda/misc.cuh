@@ -1,0 +1,25 @@
+// Small ops of the CUDA backend: embedding lookup (dense or quantized table), add, clamp and argmax.
+// Used by: CudaBackend::embedding, add, clamp, argmax.
+#pragma once
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/qmatmul.cuh"
+
+namespace moecel::cuda {
+
+// ids (n_tokens,) -> out (n_tokens, table.in): row ids[t] of slice 0 of the table, dequantized exactly like
+// dequantize_row (s * q then + b, two f32 roundings). An id outside [0, table.out) raises kErrTokenId and
+// gives a NaN row.
+void launch_embedding(const Ctx& ctx, const WeightView& table, const int32_t* ids, int64_t n_tokens, float* out);
+
+// out = a + b over n elements (out may alias either).
+void launch_add(const Ctx& ctx, const float* a, const float* b, int64_t n, float* out);
+
+// x = clamp(x, -limit, limit) over n elements, with std::clamp's NaN behaviour (NaN stays NaN).
+void launch_clamp(const Ctx& ctx, float* x, int64_t n, float limit);
+
+// logits (n_rows, vocab) -> out (n_rows,) device I32: the index of each row's maximum, the lowest on ties.
+void launch_argmax(const Ctx& ctx, const float* logits, int64_t n_rows, int64_t vocab, int32_t* out);
+
+}  // namespace moecel::cuda

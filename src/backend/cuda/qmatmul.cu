@@ -1,0 +1,31 @@
+// Dispatch of the matrix products: the matrix-vector kernels for up to kGemvMaxTokens tokens, the tiled
+// kernel beyond (and whenever x is too long for shared memory). The gather path with many tokens first groups
+// the (token, slot) pairs by expert on the device, so nothing waits for the host.
+#include "backend/cuda/qmatmul.cuh"
+
+namespace moecel::cuda {
+
+void launch_linear(const Ctx& ctx, const WeightView& w, const float* x, int64_t n_tokens, float* y) {
+  if (n_tokens == 0 || w.out == 0) return;
+  const PairMap map{nullptr, 1, true};  // pair p = token p, expert 0
+  if (n_tokens <= kGemvMaxTokens && launch_gemv(ctx, w, x, map, n_tokens, y)) return;
+  launch_gemm(ctx, w, x, map, n_tokens, nullptr, 0, y);
+}
+
+size_t gather_scratch_bytes(const WeightView& w, int64_t n_tokens, int64_t k) {
+  return route_scratch_bytes(w.n_stack, n_tokens * k);
+}
+
+void launch_gather_linear(const Ctx& ctx, const WeightView& w, const float* x, bool x_per_slot, const int32_t* indices,
+                          int64_t n_tokens, int64_t k, float* y, void* scratch) {
+  const int64_t n_pairs = n_tokens * k;
+  if (n_pairs == 0 || w.out == 0) return;
+  const PairMap map{indices, k, x_per_slot};
+  // Decode: all pairs (e.g. the k experts of one token) in one launch, grid (rows, pairs).
+  if (n_tokens <= kGemvMaxTokens && launch_gemv(ctx, w, x, map, n_pairs, y)) return;
+  int64_t max_tiles = 0;
+  const TileList tiles = launch_route(ctx, w, indices, n_pairs, y, scratch, &max_tiles);
+  launch_gemm(ctx, w, x, map, n_pairs, &tiles, max_tiles, y);
+}
+
+}  // namespace moecel::cuda

@@ -1,0 +1,73 @@
+// Matrix products of the CUDA backend for dense (F32/F16/BF16) and MLX affine-quantized weights:
+// linear (y = x @ w^T) and the gather path (MLX gather_qmm: one expert slice per (token, slot) pair).
+// Few tokens take the matrix-vector kernels (qgemv.cu: one warp per output row, x staged in shared memory);
+// more take the tiled kernel (qgemm.cu: a weight tile dequantized into shared memory, reused by 64 tokens).
+// Used by: CudaBackend::linear, CudaBackend::gather_linear.
+#pragma once
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace moecel::cuda {
+
+// A validated weight on the device, by raw pointers. Quantized: w U32 packed
+// (n_stack, out, in * bits / 32); scales, biases (n_stack, out, in / group_size) of type stype (biases may be
+// null: zero). Dense (bits == 0): w (n_stack, out, in) of type wtype. n_stack >= 1 (1 for a plain 2-D weight).
+struct WeightView {
+  const void* w = nullptr;
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  FloatType wtype = FloatType::kF32;
+  FloatType stype = FloatType::kF32;
+  int64_t n_stack = 1, out = 0, in = 0;
+  int bits = 0;  // 0 = dense
+  int group_size = 0;
+};
+
+// Up to this many tokens a weight slice is streamed once per token by the matrix-vector kernels.
+constexpr int64_t kGemvMaxTokens = 4;
+
+// y (n_tokens, out) = x (n_tokens, in) @ w[0]^T.
+void launch_linear(const Ctx& ctx, const WeightView& w, const float* x, int64_t n_tokens, float* y);
+
+// Device scratch bytes launch_gather_linear needs for n_tokens * k pairs (the routing tables).
+size_t gather_scratch_bytes(const WeightView& w, int64_t n_tokens, int64_t k);
+
+// indices I32 (n_tokens, k) on the device; x (n_tokens, in), or (n_tokens, k, in) when x_per_slot;
+// y (n_tokens, k, out): y[t, j] = w[indices[t, j]] @ x[t (, j)]. An index outside [0, n_stack) raises
+// kErrExpertIndex and fills its output row with NaN. `scratch` holds gather_scratch_bytes(...) bytes.
+void launch_gather_linear(const Ctx& ctx, const WeightView& w, const float* x, bool x_per_slot, const int32_t* indices,
+                          int64_t n_tokens, int64_t k, float* y, void* scratch);
+
+// ---- internal: the two kernel families, launched by qmatmul.cu ----
+
+// Pair p of a matrix-vector launch reads expert indices[p] (0 when indices is null), x row
+// (x_per_slot ? p : p / k) and writes y row p.
+struct PairMap {
+  const int32_t* indices = nullptr;
+  int64_t k = 1;
+  bool x_per_slot = true;
+};
+// Returns false (launching nothing) when x does not fit in shared memory; the caller then uses the tiled path.
+bool launch_gemv(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs, float* y);
+
+// Work list of the tiled kernel: tile i covers pairs order[start[i] .. start[i] + count[i]) of expert
+// expert[i]; *n_tiles says how many entries are valid (written on the device by the routing kernel).
+struct TileList {
+  const int32_t* order = nullptr;  // (n_pairs,) pair ids grouped by expert
+  const int32_t* expert = nullptr;
+  const int32_t* start = nullptr;
+  const int32_t* count = nullptr;
+  const int32_t* n_tiles = nullptr;
+};
+constexpr int kGemmTileTokens = 64;  // pairs per tile
+// Tiled product. With tiles == nullptr: a plain linear over n_pairs tokens (expert 0, pair p = token p);
+// otherwise max_tiles bounds the tile count the routing kernel may produce.
+void launch_gemm(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
+                 const TileList* tiles, int64_t max_tiles, float* y);
+// Groups the pairs by expert and builds the tile list in `scratch` (layout: see qgemm.cu).
+TileList launch_route(const Ctx& ctx, const WeightView& w, const int32_t* indices, int64_t n_pairs, float* y,
+                      void* scratch, int64_t* max_tiles);
+size_t route_scratch_bytes(int64_t n_experts, int64_t n_pairs);
+
+}  // namespace moecel::cuda

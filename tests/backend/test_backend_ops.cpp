@@ -1,0 +1,561 @@
+// Backend parity tests (in the spirit of llama.cpp's test-backend-ops): every op of the CUDA backend against
+// the CPU backend (the oracle) on OLMoE-1B-7B shapes (hidden 2048, 64 experts, top-8, head_dim 128,
+// moe_intermediate_size 1024), decode (1 token) and prefill (7, 64 tokens), odd shapes, and every
+// bits x group_size of the MLX affine format. Errors are normalized MSE: sum((cuda - cpu)^2) / sum(cpu^2).
+// Every test skips with "no CUDA device" on machines without a GPU; listing the tests never touches CUDA.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "quant/qweight.h"
+
+namespace moecel {
+namespace {
+
+// Thresholds (normalized MSE). f32 rounding differences in a 2048-long dot product give ~1e-11; a single
+// wrong row or mis-decoded value in a row of 2048 gives >= 1e-4, so these leave room on both sides.
+constexpr double kExact = 0.0;          // add, clamp, argmax, router indices, embedding: bit-identical
+constexpr double kElementwise = 1e-10;  // glu, rope, rms_norm, moe_weighted_sum, router weights
+constexpr double kMatmul = 1e-7;        // linear, gather_linear (f32 dots of up to 2048 terms, other order)
+constexpr double kAttention = 1e-8;     // online vs two-pass softmax in f32
+
+// OLMoE-1B-7B dimensions.
+constexpr int64_t kHidden = 2048, kExperts = 64, kTopK = 8, kFfn = 1024;
+constexpr int kHeads = 16, kHeadDim = 128;
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    return s * 2685821657736338717ull;
+  }
+  uint32_t u32() { return uint32_t(next() >> 32); }
+  float uniform(float lo, float hi) { return lo + (hi - lo) * float(next() >> 40) * (1.0f / 16777216.0f); }
+  int64_t below(int64_t n) { return int64_t(next() % uint64_t(n)); }
+};
+
+void store_float(Tensor& t, int64_t i, float v) {
+  switch (t.dtype) {
+    case DType::kF32: t.ptr<float>()[i] = v; break;
+    case DType::kF16: t.ptr<uint16_t>()[i] = f32_to_f16(v); break;
+    case DType::kBF16: t.ptr<uint16_t>()[i] = f32_to_bf16(v); break;
+    default: FAIL() << "not a float dtype";
+  }
+}
+
+Tensor host_random(DType dtype, Shape shape, Rng& rng, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t = make_host_tensor(dtype, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) store_float(t, i, rng.uniform(lo, hi));
+  return t;
+}
+
+Tensor host_i32(Shape shape, const std::vector<int32_t>& v) {
+  Tensor t = make_host_tensor(DType::kI32, std::move(shape));
+  EXPECT_EQ(size_t(t.numel()), v.size());
+  std::memcpy(t.data, v.data(), v.size() * 4);
+  return t;
+}
+
+// Packed words are uniformly random (every code equally likely); w = s * q + b stays in about [-0.6, 1].
+LinearWeight make_quant(int64_t n_stack, int64_t out, int64_t in, int bits, int group_size, DType sdtype, Rng& rng) {
+  const Shape lead = n_stack > 0 ? Shape{n_stack} : Shape{};
+  auto shape = [&](int64_t cols) {
+    Shape s = lead;
+    s.push_back(out);
+    s.push_back(cols);
+    return s;
+  };
+  Tensor w = make_host_tensor(DType::kU32, shape(in * bits / 32));
+  for (int64_t i = 0; i < w.numel(); ++i) w.ptr<uint32_t>()[i] = rng.u32();
+  const float qmax = float((1 << bits) - 1);
+  Tensor s = host_random(sdtype, shape(in / group_size), rng, 0.5f / qmax, 1.5f / qmax);
+  Tensor b = host_random(sdtype, shape(in / group_size), rng, -0.6f, -0.4f);
+  return LinearWeight::quantized_from("test.q", w, s, b, QuantSpec{bits, group_size}, n_stack > 0);
+}
+
+LinearWeight make_dense(int64_t n_stack, int64_t out, int64_t in, DType dtype, Rng& rng) {
+  Shape s = n_stack > 0 ? Shape{n_stack, out, in} : Shape{out, in};
+  return LinearWeight::dense_from("test.dense", host_random(dtype, s, rng), n_stack > 0);
+}
+
+// Each token picks k distinct experts, like a router.
+std::vector<int32_t> random_experts(int64_t n_tokens, int64_t k, int64_t n_experts, Rng& rng) {
+  std::vector<int32_t> out;
+  std::vector<int32_t> perm(static_cast<size_t>(n_experts));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int64_t j = 0; j < k; ++j) {
+      std::swap(perm[size_t(j)], perm[size_t(j + rng.below(n_experts - j))]);
+      out.push_back(perm[size_t(j)]);
+    }
+  }
+  return out;
+}
+
+double nmse(const std::vector<float>& got, const std::vector<float>& ref) {
+  EXPECT_EQ(got.size(), ref.size());
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    const double d = double(got[i]) - double(ref[i]);
+    err += d * d;
+    norm += double(ref[i]) * double(ref[i]);
+  }
+  return err / std::max(norm, 1e-30);  // NaN in `got` propagates and fails every <= check
+}
+
+std::string dtype_str(DType t) {
+  return std::string(dtype_name(t));
+}
+
+// ---- fixture ----
+
+class CudaOps : public ::testing::Test {
+ public:
+  void SetUp() override {
+    std::string why;
+    if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA device (" << why << ")";
+    if (!backend_) backend_ = std::make_unique<CudaBackend>();
+  }
+  CudaBackend& cu() { return *backend_; }
+
+  template <class T = float>
+  std::vector<T> down(const Tensor& t) {
+    std::vector<T> v(static_cast<size_t>(t.numel()));
+    if (t.device == Device::kCuda) {
+      cu().to_host(t, v.data());
+    } else {
+      std::memcpy(v.data(), t.data, t.nbytes());
+    }
+    return v;
+  }
+
+  CpuBackend cpu;  // the oracle
+
+  // Drops the shared backend before the CUDA runtime shuts down at exit.
+  static void release() { backend_.reset(); }
+
+ private:
+  static inline std::unique_ptr<CudaBackend> backend_;  // one device context for the whole binary
+};
+
+class ReleaseBackend : public ::testing::Environment {
+ public:
+  void TearDown() override { CudaOps::release(); }
+};
+[[maybe_unused]] ::testing::Environment* const kReleaseBackend =
+    ::testing::AddGlobalTestEnvironment(new ReleaseBackend);
+
+// ---- memory ----
+
+TEST_F(CudaOps, AllocIsZeroedAlsoWhenRecycled) {
+  Tensor a = cu().alloc(DType::kF32, {1000});
+  EXPECT_EQ(a.device, Device::kCuda);
+  std::vector<float> ones(1000, 1.0f);
+  cu().from_host(ones.data(), a);
+  EXPECT_EQ(down(a), ones);
+  void* p = a.data;
+  a = Tensor();
+  Tensor b = cu().alloc(DType::kF32, {1000});
+  EXPECT_EQ(b.data, p) << "a freed block of the same bucket should be reused";
+  EXPECT_EQ(down(b), std::vector<float>(1000, 0.0f));
+  Tensor empty = cu().alloc(DType::kF32, {0, 5});
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_GT(cu().pool_live_bytes(), 0u);
+}
+
+TEST_F(CudaOps, TransfersRoundTrip) {
+  Rng rng(1);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    Tensor h = host_random(dt, {3, 77}, rng);
+    Tensor d = cu().to_device(h);
+    EXPECT_EQ(d.device, Device::kCuda);
+    std::vector<uint8_t> back(h.nbytes());
+    cu().to_host(d, back.data());
+    EXPECT_EQ(0, std::memcmp(back.data(), h.data, h.nbytes())) << dtype_str(dt);
+  }
+}
+
+TEST_F(CudaOps, MakeBackendCuda) {
+  auto be = make_backend("cuda");
+  EXPECT_EQ(be->name(), "cuda");
+  EXPECT_EQ(be->device(), Device::kCuda);
+}
+
+// ---- embedding ----
+
+TEST_F(CudaOps, EmbeddingQuantizedAndDense) {
+  Rng rng(2);
+  const int64_t vocab = 1000;
+  std::vector<LinearWeight> tables;
+  for (int bits : {2, 3, 4, 5, 6, 8}) tables.push_back(make_quant(0, vocab, kHidden, bits, 64, DType::kF16, rng));
+  tables.push_back(make_quant(0, vocab, kHidden, 4, 32, DType::kBF16, rng));
+  tables.push_back(make_quant(0, vocab, kHidden, 8, 128, DType::kF32, rng));
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) tables.push_back(make_dense(0, vocab, 100, dt, rng));
+  for (const LinearWeight& table : tables) {
+    const LinearWeight dtable = cu().to_device(table);
+    for (int64_t n : {1, 7, 64}) {
+      std::vector<int32_t> ids;
+      for (int64_t t = 0; t < n; ++t) ids.push_back(int32_t(rng.below(vocab)));
+      ids[0] = int32_t(vocab - 1);
+      Tensor hid = host_i32({n}, ids);
+      Tensor ref = cpu.alloc(DType::kF32, {n, table.in});
+      cpu.embedding(table, hid, ref);
+      Tensor got = cu().alloc(DType::kF32, {n, table.in});
+      cu().embedding(dtable, cu().to_device(hid), got);
+      EXPECT_LE(nmse(down(got), down(ref)), kExact) << "bits " << table.bits << " n " << n;
+    }
+  }
+}
+
+TEST_F(CudaOps, EmbeddingBadIdIsReportedAtSync) {
+  Rng rng(3);
+  const LinearWeight dtable = cu().to_device(make_quant(0, 50, 64, 4, 32, DType::kF16, rng));
+  Tensor got = cu().alloc(DType::kF32, {2, 64});
+  cu().embedding(dtable, cu().to_device(host_i32({2}, {3, 50})), got);
+  EXPECT_THROW(cu().synchronize(), Error);
+  cu().synchronize();  // the flag was cleared
+}
+
+// ---- linear / gather_linear over every bits x group_size ----
+
+class QuantOps : public CudaOps, public ::testing::WithParamInterface<std::tuple<int, int>> {};
+
+void run_linear(CudaOps& f, CudaBackend& cu, const LinearWeight& w, std::initializer_list<int64_t> token_counts,
+                Rng& rng, const std::string& what) {
+  const LinearWeight dw = cu.to_device(w);
+  for (int64_t n : token_counts) {
+    Tensor x = host_random(DType::kF32, {n, w.in}, rng);
+    Tensor ref = f.cpu.alloc(DType::kF32, {n, w.out});
+    f.cpu.linear(w, x, ref);
+    Tensor got = cu.alloc(DType::kF32, {n, w.out});
+    cu.linear(dw, cu.to_device(x), got);
+    std::vector<float> g(static_cast<size_t>(got.numel())), r(static_cast<size_t>(ref.numel()));
+    cu.to_host(got, g.data());
+    std::memcpy(r.data(), ref.data, ref.nbytes());
+    EXPECT_LE(nmse(g, r), kMatmul) << what << " out " << w.out << " in " << w.in << " n_tokens " << n;
+  }
+}
+
+void run_gather(CudaOps& f, CudaBackend& cu, const LinearWeight& w, int64_t k, bool per_slot,
+                std::initializer_list<int64_t> token_counts, Rng& rng, const std::string& what) {
+  const LinearWeight dw = cu.to_device(w);
+  for (int64_t n : token_counts) {
+    Tensor x = per_slot ? host_random(DType::kF32, {n, k, w.in}, rng) : host_random(DType::kF32, {n, w.in}, rng);
+    Tensor idx = host_i32({n, k}, random_experts(n, k, w.n_stack, rng));
+    Tensor ref = f.cpu.alloc(DType::kF32, {n, k, w.out});
+    f.cpu.gather_linear(w, x, idx, ref);
+    Tensor got = cu.alloc(DType::kF32, {n, k, w.out});
+    cu.gather_linear(dw, cu.to_device(x), cu.to_device(idx), got);
+    std::vector<float> g(static_cast<size_t>(got.numel())), r(static_cast<size_t>(ref.numel()));
+    cu.to_host(got, g.data());
+    std::memcpy(r.data(), ref.data, ref.nbytes());
+    EXPECT_LE(nmse(g, r), kMatmul) << what << (per_slot ? " per-slot x" : " shared x") << " experts " << w.n_stack
+                                   << " out " << w.out << " in " << w.in << " k " << k << " n_tokens " << n;
+  }
+}
+
+TEST_P(QuantOps, LinearOlmoeShapes) {
+  const auto [bits, gs] = GetParam();
+  Rng rng(uint64_t(bits * 1000 + gs));
+  // q_proj (decode, few-token matrix-vector, prefill tiles incl. a partial one) and the router.
+  run_linear(*this, cu(), make_quant(0, kHidden, kHidden, bits, gs, DType::kF16, rng), {1, 3, 7, 64, 130}, rng,
+             "q_proj");
+  run_linear(*this, cu(), make_quant(0, kExperts, kHidden, bits, gs, DType::kBF16, rng), {1, 7, 64}, rng, "router");
+}
+
+TEST_P(QuantOps, GatherOlmoeShapes) {
+  const auto [bits, gs] = GetParam();
+  Rng rng(uint64_t(bits * 1000 + gs + 7));
+  // gate/up: x shared by the k slots; down: one x row per slot.
+  run_gather(*this, cu(), make_quant(kExperts, kFfn, kHidden, bits, gs, DType::kF16, rng), kTopK, false, {1, 7, 64},
+             rng, "gate_proj");
+  run_gather(*this, cu(), make_quant(kExperts, kHidden, kFfn, bits, gs, DType::kF16, rng), kTopK, true, {1, 7, 64}, rng,
+             "down_proj");
+}
+
+TEST_P(QuantOps, OddShapesAndScaleTypes) {
+  const auto [bits, gs] = GetParam();
+  Rng rng(uint64_t(bits * 1000 + gs + 13));
+  for (DType sd : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const std::string what = "scales " + dtype_str(sd);
+    run_linear(*this, cu(), make_quant(0, 13, 3 * gs, bits, gs, sd, rng), {1, 2, 4, 5, 65}, rng, what);
+    run_gather(*this, cu(), make_quant(5, 13, 3 * gs, bits, gs, sd, rng), 3, false, {1, 2, 5, 33}, rng, what);
+    run_gather(*this, cu(), make_quant(5, 70, gs, bits, gs, sd, rng), 3, true, {1, 4, 5, 33}, rng, what);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, QuantOps,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 5, 6, 8), ::testing::Values(32, 64, 128)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
+                           return "bits" + std::to_string(std::get<0>(info.param)) + "_group" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+TEST_F(CudaOps, DenseLinearAndGather) {
+  Rng rng(4);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const std::string what = "dense " + dtype_str(dt);
+    run_linear(*this, cu(), make_dense(0, kHidden, kHidden, dt, rng), {1, 7, 64}, rng, what);
+    run_linear(*this, cu(), make_dense(0, 13, 37, dt, rng), {1, 3, 7, 70}, rng, what + " odd");
+    run_gather(*this, cu(), make_dense(6, 33, 100, dt, rng), 2, false, {1, 7, 64}, rng, what);
+    run_gather(*this, cu(), make_dense(6, 33, 37, dt, rng), 2, true, {1, 7, 64}, rng, what + " odd");
+  }
+}
+
+TEST_F(CudaOps, LongRows) {
+  Rng rng(5);
+  // 80000+ f32 of x do not fit in shared memory: the matrix-vector path hands over to the tiled kernel.
+  run_linear(*this, cu(), make_dense(0, 5, 80000, DType::kBF16, rng), {1}, rng, "long dense");
+  run_linear(*this, cu(), make_quant(0, 5, 128000, 4, 64, DType::kF16, rng), {1}, rng, "long 4-bit");
+  // Rows whose x needs more than the default 48 KB of shared memory (the launcher opts in to more).
+  run_linear(*this, cu(), make_dense(0, 9, 20000, DType::kF16, rng), {1, 2}, rng, "20000-wide dense");
+  run_linear(*this, cu(), make_quant(0, 9, 16384, 6, 64, DType::kBF16, rng), {1, 2}, rng, "16384-wide 6-bit");
+  run_gather(*this, cu(), make_quant(3, 9, 16384, 8, 128, DType::kF16, rng), 2, true, {1}, rng, "16384-wide 8-bit");
+}
+
+TEST_F(CudaOps, GatherWithManyPairsPerExpert) {
+  Rng rng(6);
+  // 150 tokens x 2 slots over 3 experts: every expert gets several 64-pair tiles, the last partial.
+  const LinearWeight w = make_quant(3, 96, 256, 4, 64, DType::kF16, rng);
+  const LinearWeight dw = cu().to_device(w);
+  const int64_t n = 150, k = 2;
+  std::vector<int32_t> ids;
+  for (int64_t t = 0; t < n; ++t) {
+    ids.push_back(int32_t(t % 3));
+    ids.push_back(int32_t((t + 1) % 3));
+  }
+  Tensor x = host_random(DType::kF32, {n, w.in}, rng);
+  Tensor idx = host_i32({n, k}, ids);
+  Tensor ref = cpu.alloc(DType::kF32, {n, k, w.out});
+  cpu.gather_linear(w, x, idx, ref);
+  Tensor got = cu().alloc(DType::kF32, {n, k, w.out});
+  cu().gather_linear(dw, cu().to_device(x), cu().to_device(idx), got);
+  EXPECT_LE(nmse(down(got), down(ref)), kMatmul);
+}
+
+TEST_F(CudaOps, GatherBadExpertIndexIsReportedAtSync) {
+  Rng rng(7);
+  const LinearWeight dw = cu().to_device(make_quant(4, 32, 64, 4, 32, DType::kF16, rng));
+  for (int64_t n : {1, 9}) {  // matrix-vector and routed paths
+    std::vector<int32_t> ids(size_t(n * 2), 1);
+    ids[1] = 4;
+    Tensor got = cu().alloc(DType::kF32, {n, 2, 32});
+    cu().gather_linear(dw, cu().to_device(host_random(DType::kF32, {n, 64}, rng)),
+                       cu().to_device(host_i32({n, 2}, ids)), got);
+    EXPECT_THROW(cu().synchronize(), Error) << "n_tokens " << n;
+    const std::vector<float> g = down(got);
+    EXPECT_TRUE(std::isnan(g[32])) << "the bad pair's row is NaN";
+    EXPECT_FALSE(std::isnan(g[0]));
+  }
+}
+
+// ---- norm, rope, attention ----
+
+TEST_F(CudaOps, RmsNorm) {
+  Rng rng(8);
+  for (DType wdt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t d : {kHidden, int64_t(37), int64_t(5000)}) {
+      Tensor w = host_random(wdt, {d}, rng, 0.5f, 1.5f);
+      Tensor dw = cu().to_device(w);
+      for (int64_t n : {1, 7, 64}) {
+        Tensor x = host_random(DType::kF32, {n, d}, rng, -3.0f, 3.0f);
+        Tensor ref = cpu.alloc(DType::kF32, {n, d});
+        cpu.rms_norm(x, w, 1e-5f, ref);
+        Tensor got = cu().alloc(DType::kF32, {n, d});
+        Tensor dx = cu().to_device(x);
+        cu().rms_norm(dx, dw, 1e-5f, got);
+        EXPECT_LE(nmse(down(got), down(ref)), kElementwise) << dtype_str(wdt) << " d " << d << " n " << n;
+        cu().rms_norm(dx, dw, 1e-5f, dx);  // in place
+        EXPECT_LE(nmse(down(dx), down(ref)), kElementwise) << "in place, d " << d;
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, Rope) {
+  Rng rng(9);
+  struct Case {
+    int n_heads, head_dim, rot_dims;
+    float theta;
+  };
+  for (const Case& c :
+       {Case{kHeads, kHeadDim, kHeadDim, 10000.0f}, Case{4, 64, 32, 500000.0f}, Case{3, 80, 80, 1e6f}}) {
+    for (int64_t pos0 : {0, 5, 4000}) {
+      for (int64_t n : {1, 7, 64}) {
+        Tensor x = host_random(DType::kF32, {n, int64_t(c.n_heads) * c.head_dim}, rng);
+        Tensor dx = cu().to_device(x);
+        cpu.rope(x, pos0, c.n_heads, c.head_dim, c.rot_dims, c.theta);
+        cu().rope(dx, pos0, c.n_heads, c.head_dim, c.rot_dims, c.theta);
+        EXPECT_LE(nmse(down(dx), down(x)), kElementwise)
+            << "heads " << c.n_heads << " head_dim " << c.head_dim << " pos0 " << pos0 << " n " << n;
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, KvStoreAndAttention) {
+  Rng rng(10);
+  struct Case {
+    int n_heads, n_kv_heads, head_dim, window;
+  };
+  const int64_t max_pos = 1200;
+  for (const Case& c : {Case{kHeads, kHeads, kHeadDim, 0}, Case{32, 8, 64, 0}, Case{8, 2, 128, 5}, Case{6, 3, 80, 0},
+                        Case{4, 1, 256, 17}, Case{2, 2, 32, 0}}) {
+    const int64_t q_width = int64_t(c.n_heads) * c.head_dim, kv_width = int64_t(c.n_kv_heads) * c.head_dim;
+    const float scale = float(1.0 / std::sqrt(double(c.head_dim)));
+    struct Step {
+      int64_t pos0, n;
+    };
+    for (const Step& s : {Step{0, 1}, Step{100, 1}, Step{1000, 1}, Step{0, 7}, Step{37, 64}}) {
+      // Cache rows before pos0 hold earlier tokens; the step stores its own k, v first.
+      Tensor kc = host_random(DType::kF32, {max_pos, kv_width}, rng);
+      Tensor vc = host_random(DType::kF32, {max_pos, kv_width}, rng);
+      Tensor dkc = cu().to_device(kc), dvc = cu().to_device(vc);
+      Tensor k = host_random(DType::kF32, {s.n, kv_width}, rng);
+      Tensor v = host_random(DType::kF32, {s.n, kv_width}, rng);
+      Tensor q = host_random(DType::kF32, {s.n, q_width}, rng, -2.0f, 2.0f);
+      cpu.kv_store(k, v, kc, vc, s.pos0);
+      cu().kv_store(cu().to_device(k), cu().to_device(v), dkc, dvc, s.pos0);
+      EXPECT_LE(nmse(down(dkc), down(kc)), kExact);
+      EXPECT_LE(nmse(down(dvc), down(vc)), kExact);
+      Tensor ref = cpu.alloc(DType::kF32, {s.n, q_width});
+      cpu.attention(q, kc, vc, s.pos0, c.n_heads, c.n_kv_heads, c.head_dim, scale, c.window, ref);
+      Tensor got = cu().alloc(DType::kF32, {s.n, q_width});
+      cu().attention(cu().to_device(q), dkc, dvc, s.pos0, c.n_heads, c.n_kv_heads, c.head_dim, scale, c.window, got);
+      EXPECT_LE(nmse(down(got), down(ref)), kAttention)
+          << "heads " << c.n_heads << "/" << c.n_kv_heads << " head_dim " << c.head_dim << " window " << c.window
+          << " pos0 " << s.pos0 << " n " << s.n;
+    }
+  }
+}
+
+// ---- MoE ops ----
+
+TEST_F(CudaOps, Glu) {
+  Rng rng(11);
+  for (Activation act : {Activation::kSiLU, Activation::kGeLU, Activation::kReLU2}) {
+    for (int64_t n : {kTopK * kFfn, int64_t(1001)}) {
+      Tensor g = host_random(DType::kF32, {n}, rng, -6.0f, 6.0f);
+      Tensor u = host_random(DType::kF32, {n}, rng, -2.0f, 2.0f);
+      Tensor ref = cpu.alloc(DType::kF32, {n});
+      cpu.glu(act, g, u, ref);
+      Tensor dg = cu().to_device(g);
+      cu().glu(act, dg, cu().to_device(u), dg);  // in place, as switch_glu calls it
+      EXPECT_LE(nmse(down(dg), down(ref)), kElementwise) << "activation " << int(act) << " n " << n;
+    }
+  }
+}
+
+TEST_F(CudaOps, AddAndClamp) {
+  Rng rng(12);
+  for (int64_t n : {kHidden, int64_t(64) * kHidden, int64_t(3)}) {
+    Tensor a = host_random(DType::kF32, {n}, rng, -5.0f, 5.0f);
+    Tensor b = host_random(DType::kF32, {n}, rng, -5.0f, 5.0f);
+    Tensor da = cu().to_device(a);
+    cpu.add(a, b, a);
+    cu().add(da, cu().to_device(b), da);
+    EXPECT_EQ(down(da), down(a));
+    cpu.clamp(a, 2.5f);
+    cu().clamp(da, 2.5f);
+    EXPECT_EQ(down(da), down(a));
+  }
+}
+
+void check_router(CudaOps& f, CudaBackend& cu, const Tensor& logits, RouterScoring scoring, int k, bool renorm,
+                  const std::string& what) {
+  const int64_t n = logits.dim(0);
+  Tensor ri = f.cpu.alloc(DType::kI32, {n, k}), rw = f.cpu.alloc(DType::kF32, {n, k});
+  f.cpu.router_topk(logits, scoring, k, renorm, ri, rw);
+  Tensor gi = cu.alloc(DType::kI32, {n, k}), gw = cu.alloc(DType::kF32, {n, k});
+  cu.router_topk(cu.to_device(logits), scoring, k, renorm, gi, gw);
+  std::vector<int32_t> hi(static_cast<size_t>(n * k)), ci(hi.size());
+  std::vector<float> hw(hi.size()), cw(hi.size());
+  cu.to_host(gi, hi.data());
+  cu.to_host(gw, hw.data());
+  std::memcpy(ci.data(), ri.data, ri.nbytes());
+  std::memcpy(cw.data(), rw.data, rw.nbytes());
+  EXPECT_EQ(hi, ci) << what;
+  EXPECT_LE(nmse(hw, cw), kElementwise) << what;
+}
+
+TEST_F(CudaOps, RouterTopK) {
+  Rng rng(13);
+  struct Case {
+    int64_t n_experts;
+    int k;
+    RouterScoring scoring;
+    bool renorm;
+  };
+  for (const Case& c : {Case{kExperts, int(kTopK), RouterScoring::kSoftmax, false},  // olmoe
+                        Case{128, 8, RouterScoring::kSoftmax, true},                 // qwen3_moe
+                        Case{8, 2, RouterScoring::kTopKSoftmax, false},              // mixtral
+                        Case{1000, 64, RouterScoring::kSoftmax, false}, Case{5, 5, RouterScoring::kSoftmax, true}}) {
+    for (int64_t n : {1, 7, 64}) {
+      // Distinct logits far apart (no near-ties that f32 rounding could order differently), shuffled.
+      Tensor logits = make_host_tensor(DType::kF32, {n, c.n_experts});
+      std::vector<int32_t> perm(static_cast<size_t>(c.n_experts));
+      for (int64_t t = 0; t < n; ++t) {
+        std::iota(perm.begin(), perm.end(), 0);
+        for (int64_t i = c.n_experts - 1; i > 0; --i) std::swap(perm[size_t(i)], perm[size_t(rng.below(i + 1))]);
+        for (int64_t e = 0; e < c.n_experts; ++e)
+          logits.ptr<float>()[t * c.n_experts + e] = float(perm[size_t(e)]) * (8.0f / float(c.n_experts)) - 4.0f;
+      }
+      check_router(*this, cu(), logits, c.scoring, c.k, c.renorm,
+                   "experts " + std::to_string(c.n_experts) + " k " + std::to_string(c.k) + " n " + std::to_string(n));
+    }
+  }
+}
+
+TEST_F(CudaOps, RouterTiesGoToTheLowerIndex) {
+  Tensor logits = make_host_tensor(DType::kF32, {2, kExperts});
+  for (int64_t e = 0; e < kExperts; ++e) {
+    logits.ptr<float>()[e] = (e % 3 == 0) ? 1.0f : -1.0f;  // 22 equal winners
+    logits.ptr<float>()[kExperts + e] = 0.5f;              // all equal
+  }
+  check_router(*this, cu(), logits, RouterScoring::kSoftmax, int(kTopK), false, "ties");
+  check_router(*this, cu(), logits, RouterScoring::kTopKSoftmax, int(kTopK), true, "ties, top-k softmax");
+}
+
+TEST_F(CudaOps, MoeWeightedSum) {
+  Rng rng(14);
+  for (int64_t n : {1, 7, 64}) {
+    Tensor y = host_random(DType::kF32, {n, kTopK, kHidden}, rng);
+    Tensor w = host_random(DType::kF32, {n, kTopK}, rng, 0.0f, 0.3f);
+    Tensor ref = cpu.alloc(DType::kF32, {n, kHidden});
+    cpu.moe_weighted_sum(y, w, ref);
+    Tensor got = cu().alloc(DType::kF32, {n, kHidden});
+    cu().moe_weighted_sum(cu().to_device(y), cu().to_device(w), got);
+    EXPECT_LE(nmse(down(got), down(ref)), kElementwise) << "n " << n;
+  }
+}
+
+TEST_F(CudaOps, Argmax) {
+  Rng rng(15);
+  const int64_t vocab = 50304;
+  for (int64_t n : {1, 7}) {
+    Tensor logits = host_random(DType::kF32, {n, vocab}, rng, -10.0f, 10.0f);
+    for (int64_t t = 0; t < n; ++t) {  // a planted tie: the lower index must win
+      const int64_t a = rng.below(vocab / 2), b = a + 1 + rng.below(vocab / 2 - 1);
+      logits.ptr<float>()[t * vocab + a] = 20.0f;
+      logits.ptr<float>()[t * vocab + b] = 20.0f;
+    }
+    EXPECT_EQ(cu().argmax(cu().to_device(logits)), cpu.argmax(logits)) << "n " << n;
+  }
+}
+
+}  // namespace
+}  // namespace moecel
