@@ -3,9 +3,11 @@
 // ops (plus fused entry points) and must agree with it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -21,6 +23,15 @@ enum class RouterScoring {
   kTopKSoftmax,  // top-k of the logits, then softmax over those k (mixtral)
 };
 
+// A recorded single-token decode step (see Backend::capture_decode), replayed at any position of its KV cache.
+class DecodeGraph {
+ public:
+  virtual ~DecodeGraph() = default;
+  // Writes `id` into the step's input ids and `pos` into the device step position, replays the step, waits,
+  // and returns the token id the step wrote to its output (the greedy next token).
+  virtual int32_t run(int32_t id, int64_t pos) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -29,9 +40,11 @@ class Backend {
 
   // ---- memory ----
   virtual Tensor alloc(DType dtype, Shape shape) = 0;  // zero-initialized, on this device
-  virtual Tensor to_device(const Tensor& host) = 0;    // a host tensor (e.g. mmap'd weight) on this device
-  virtual void to_host(const Tensor& src, void* dst) = 0;        // copies src.nbytes() bytes
-  virtual void from_host(const void* src, Tensor& dst) = 0;      // copies dst.nbytes() bytes
+  // Like alloc, contents undefined: for outputs that an op overwrites completely.
+  virtual Tensor scratch(DType dtype, Shape shape) { return alloc(dtype, std::move(shape)); }
+  virtual Tensor to_device(const Tensor& host) = 0;          // a host tensor (e.g. mmap'd weight) on this device
+  virtual void to_host(const Tensor& src, void* dst) = 0;    // copies src.nbytes() bytes
+  virtual void from_host(const void* src, Tensor& dst) = 0;  // copies dst.nbytes() bytes
   LinearWeight to_device(const LinearWeight& w);
 
   // ---- ops; activations are F32, row-major, outermost first ----
@@ -54,8 +67,8 @@ class Backend {
   // Causal attention of q (n_tokens, n_heads * head_dim) over cache rows [0, pos0 + i] for token i
   // (only the last `window` rows when window > 0); GQA when n_kv_heads < n_heads.
   // out (n_tokens, n_heads * head_dim)
-  virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t pos0,
-                         int n_heads, int n_kv_heads, int head_dim, float scale, int window, Tensor& out) = 0;
+  virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t pos0, int n_heads,
+                         int n_kv_heads, int head_dim, float scale, int window, Tensor& out) = 0;
   // out = act(gate) * up, all (n, width)
   virtual void glu(Activation act, const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // out = a + b (same shape; out may alias either)
@@ -70,8 +83,43 @@ class Backend {
   virtual void moe_weighted_sum(const Tensor& y, const Tensor& weights, Tensor& out) = 0;
   // logits (n_tokens, vocab) -> the argmax of each row (lowest index on ties)
   virtual std::vector<int32_t> argmax(const Tensor& logits) = 0;
+  // ---- fused entry points: the same results as the ops they name, in sequence (defaults do exactly that) ----
+  // sum = a + b (sum may alias a or b), then y = rms_norm(sum) (y must not alias them).
+  virtual void add_rms_norm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& weight, float eps, Tensor& y) {
+    add(a, b, sum);
+    rms_norm(sum, weight, eps, y);
+  }
+  // The attention prologue: q = rope(rms_norm(q, q_norm)), k = rope(rms_norm(k, k_norm)) in place (norms over the
+  // full projection width, rope of every head over rot_dims at positions pos0...), then kv_store(k, v) at pos0.
+  virtual void qk_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                                  float eps, int n_heads, int n_kv_heads, int head_dim, int rot_dims, float theta,
+                                  Tensor& k_cache, Tensor& v_cache, int64_t pos0) {
+    rms_norm(q, q_norm, eps, q);
+    rms_norm(k, k_norm, eps, k);
+    rope(q, pos0, n_heads, head_dim, rot_dims, theta);
+    rope(k, pos0, n_kv_heads, head_dim, rot_dims, theta);
+    kv_store(k, v, k_cache, v_cache, pos0);
+  }
+  // logits (n_tokens, vocab) -> ids I32 (n_tokens,) on this device, without waiting for the host.
+  virtual void argmax_to(const Tensor& logits, Tensor& ids) {
+    const std::vector<int32_t> v = argmax(logits);
+    from_host(v.data(), ids);
+  }
   // Waits for queued work (no-op on CPU).
   virtual void synchronize() {}
+
+  // ---- decode graphs (optional; the CPU backend has none) ----
+  // Records the ops that `record` issues, without running them, as a replayable graph. While recording, rope,
+  // kv_store and attention take their position from a device-side step position that DecodeGraph::run sets, not
+  // from pos0 (which is only validated), and every buffer allocated stays reserved for the graph. `ids` (1,) I32
+  // is the step's input token, `next` (1,) I32 the token it writes (argmax_to). No op may wait for the host while
+  // recording. The graph bakes in the addresses of every tensor the ops use (weights, KV cache, ids, next): those
+  // must outlive it, and the backend too. Returns nullptr when the backend has no graphs.
+  virtual std::unique_ptr<DecodeGraph> capture_decode(const std::function<void()>& record, const Tensor& ids,
+                                                      const Tensor& next) {
+    (void)record, (void)ids, (void)next;
+    return nullptr;
+  }
 };
 
 // "cpu" or "cuda"; throws moecel::Error naming the choices for anything else or an unavailable backend.

@@ -1,18 +1,18 @@
 // `moecel generate`: prompt in, tokens out (streamed as they are produced), with timing figures.
+#include "runtime/generate.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
-
-#include <filesystem>
 #include <optional>
 
 #include "cli/common.h"
 #include "core/error.h"
 #include "models/registry.h"
-#include "runtime/generate.h"
 #include "tokenizer/tokenizer.h"
 
 namespace moecel::cli {
@@ -37,7 +37,8 @@ void run_generate(const GenerateArgs& a) {
   } else {
     MOECEL_CHECK(a.prompt.empty(), "--prompt needs a tokenizer, but {} has no tokenizer.json; use --prompt-ids", dir);
   }
-  std::vector<int32_t> prompt = a.prompt.empty() ? parse_ids(a.prompt_ids, "--prompt-ids") : tok->encode(a.prompt, true);
+  std::vector<int32_t> prompt =
+      a.prompt.empty() ? parse_ids(a.prompt_ids, "--prompt-ids") : tok->encode(a.prompt, true);
   auto backend = make_backend(a.common);
   auto model = load_model(dir, *backend);
   GenerateOptions opt;

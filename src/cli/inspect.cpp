@@ -78,17 +78,17 @@ void run_inspect(const InspectArgs& a) {
   auto model = load_model(dir, *backend);
   const ModelInfo& info = model->info();
   if (a.json) {
-    nlohmann::json j = {{"model_type", info.model_type},
-                        {"vocab_size", info.vocab_size},
-                        {"hidden_size", info.hidden_size},
-                        {"num_hidden_layers", info.n_layers},
-                        {"moe_layers", info.n_moe_layers},
-                        {"weight_bytes", info.weight_bytes},
-                        {"file_tensor_bytes", file_bytes},
-                        {"active_bytes_per_token", info.active_bytes_per_token}};
+    nlohmann::json j = {{"model_type", info.model_type},   {"vocab_size", info.vocab_size},
+                        {"hidden_size", info.hidden_size}, {"num_hidden_layers", info.n_layers},
+                        {"moe_layers", info.n_moe_layers}, {"weight_bytes", info.weight_bytes},
+                        {"file_tensor_bytes", file_bytes}, {"active_bytes_per_token", info.active_bytes_per_token}};
     for (const auto& [name, g] : groups) {
-      j["groups"].push_back(
-          {{"name", name}, {"count", g.count}, {"dtype", g.dtype}, {"shape", g.shape}, {"quant", g.quant}, {"bytes", g.bytes}});
+      j["groups"].push_back({{"name", name},
+                             {"count", g.count},
+                             {"dtype", g.dtype},
+                             {"shape", g.shape},
+                             {"quant", g.quant},
+                             {"bytes", g.bytes}});
     }
     std::printf("%s\n", j.dump(2).c_str());
     return;
@@ -100,7 +100,8 @@ void run_inspect(const InspectArgs& a) {
                           "num_experts_per_tok", "norm_topk_prob", "max_position_embeddings", "rope_theta"}) {
     if (config.has(key)) std::printf("  %-24s %s\n", key, config.json()[key].dump().c_str());
   }
-  if (auto q = config.default_quant()) std::printf("quantization: affine %d-bit, group size %d\n", q->bits, q->group_size);
+  if (auto q = config.default_quant())
+    std::printf("quantization: affine %d-bit, group size %d\n", q->bits, q->group_size);
   std::printf("\n%-52s %6s %-6s %-22s %-10s %12s\n", "tensor group", "count", "dtype", "shape", "quant", "bytes");
   for (const auto& [name, g] : groups) {
     std::printf("%-52s %6lld %-6s %-22s %-10s %12zu\n", name.c_str(), (long long)g.count, g.dtype.c_str(),

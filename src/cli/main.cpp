@@ -10,6 +10,9 @@ void register_logits(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_make_test_model(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_chat(CLI::App& app);
+void register_tokenize(CLI::App& app);
+void register_detokenize(CLI::App& app);
 }  // namespace moecel::cli
 
 int main(int argc, char** argv) {
@@ -22,6 +25,9 @@ int main(int argc, char** argv) {
   register_inspect(app);
   register_make_test_model(app);
   register_bench(app);
+  register_chat(app);
+  register_tokenize(app);
+  register_detokenize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -49,7 +49,8 @@ void run_make(MakeArgs& a) {
   for (const std::string& s : a.overrides) a.opt.overrides.push_back(parse_override(s, a.opt.group_size));
   if (!a.set_json.empty()) {
     a.opt.config_overrides = nlohmann::json::parse(a.set_json, nullptr, false);
-    MOECEL_CHECK(a.opt.config_overrides.is_object(), "--set must be a JSON object, e.g. '{{\"intermediate_size\": 256}}'");
+    MOECEL_CHECK(a.opt.config_overrides.is_object(),
+                 "--set must be a JSON object, e.g. '{{\"intermediate_size\": 256}}'");
   }
   const size_t bytes = write_test_model(a.opt, a.out);
   std::fprintf(stderr, "wrote %s (%s preset %s, %.1f MB)\n", a.out.c_str(), a.opt.arch.c_str(), a.opt.preset.c_str(),

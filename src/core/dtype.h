@@ -25,6 +25,8 @@ constexpr size_t dtype_size(DType t) {
 std::string_view dtype_name(DType t);
 std::optional<DType> dtype_from_name(std::string_view name);
 
-inline bool is_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+inline bool is_float(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
 
 }  // namespace moecel

@@ -21,7 +21,7 @@ template <class... Args>
 }  // namespace moecel
 
 // MOECEL_CHECK(cond, "fmt", args...): throws moecel::Error with the formatted message when cond is false.
-#define MOECEL_CHECK(cond, ...)       \
-  do {                                \
+#define MOECEL_CHECK(cond, ...)               \
+  do {                                        \
     if (!(cond)) ::moecel::fail(__VA_ARGS__); \
   } while (0)

@@ -52,9 +52,9 @@ inline uint16_t f32_to_f16(float f) {
   std::memcpy(&u, &f, 4);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return uint16_t(sign | 0x7e00u);      // NaN
-  if (absu >= 0x477ff000u) return uint16_t(sign | 0x7c00u);     // overflow -> inf
-  if (absu < 0x38800000u) {                                     // subnormal or zero
+  if (absu > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
+  if (absu >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // overflow -> inf
+  if (absu < 0x38800000u) {                                  // subnormal or zero
     if (absu < 0x33000000u) return uint16_t(sign);
     uint32_t exp = absu >> 23;
     uint32_t mant = (absu & 0x7fffffu) | 0x800000u;

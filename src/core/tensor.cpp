@@ -32,8 +32,8 @@ Tensor Tensor::reshaped(Shape s) const {
 }
 
 Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
-  MOECEL_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= shape[0], "bad row slice [{}, {}) of {}",
-               begin, end, shape_str(shape));
+  MOECEL_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= shape[0], "bad row slice [{}, {}) of {}", begin, end,
+               shape_str(shape));
   Tensor t = *this;
   size_t row_bytes = numel() == 0 ? 0 : nbytes() / size_t(shape[0]);
   t.data = static_cast<char*>(data) + size_t(begin) * row_bytes;

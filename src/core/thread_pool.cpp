@@ -136,7 +136,9 @@ void set_num_threads(int n) {
   if (p && p->size() != n) p.reset();
 }
 
-int num_threads() { return pool().size(); }
+int num_threads() {
+  return pool().size();
+}
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;

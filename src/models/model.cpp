@@ -21,4 +21,8 @@ KvCache Model::make_cache(int64_t capacity) {
   return cache;
 }
 
+Tensor Model::forward_device(const Tensor&, KvCache&, bool) {
+  fail("model type '{}' has no device-ids forward (decode graphs)", info_.model_type);
+}
+
 }  // namespace moecel

@@ -22,8 +22,8 @@ struct ModelInfo {
   int64_t head_dim = 0;
   int64_t max_position_embeddings = 0;
   std::vector<int32_t> eos_token_ids;
-  size_t weight_bytes = 0;             // all weights as stored
-  size_t active_bytes_per_token = 0;   // weights read by one decode step (top-k experts only)
+  size_t weight_bytes = 0;            // all weights as stored
+  size_t active_bytes_per_token = 0;  // weights read by one decode step (top-k experts only)
 };
 
 // Per-layer K and V rows (capacity, n_kv_heads * head_dim) on the backend; `length` tokens are filled.
@@ -43,6 +43,10 @@ class Model {
   // Runs ids at positions [cache.length, cache.length + n) and appends them to the cache.
   // Returns F32 logits on the backend: (n, vocab_size) when all_logits, else (1, vocab_size) of the last token.
   virtual Tensor forward(std::span<const int32_t> ids, KvCache& cache, bool all_logits) = 0;
+  // The same with the ids already on the backend ((n,) I32, trusted to be in the vocabulary): never waits for
+  // the host, so a backend can record it as a decode graph. Models without it say false (plain forward only).
+  virtual bool has_device_forward() const { return false; }
+  virtual Tensor forward_device(const Tensor& ids, KvCache& cache, bool all_logits);
 
  protected:
   explicit Model(Backend& backend) : backend_(&backend) {}

@@ -72,68 +72,88 @@ class Olmoe final : public Model {
       layers_.push_back(std::move(ly));
     }
     final_norm_ = wl.vector("model.norm.weight", h);
-    lm_head_ = cfg_.tie_word_embeddings && !wl.has("lm_head.weight") ? embed_
-                                                                       : wl.linear("lm_head", cfg_.vocab_size, h);
+    lm_head_ =
+        cfg_.tie_word_embeddings && !wl.has("lm_head.weight") ? embed_ : wl.linear("lm_head", cfg_.vocab_size, h);
     wl.check_all_used();
     fill_info(ctx.config);
   }
 
   Tensor forward(std::span<const int32_t> ids, KvCache& cache, bool all_logits) override {
     Backend& be = *backend_;
-    const int64_t n = int64_t(ids.size()), h = cfg_.hidden_size;
-    const int64_t kv = cfg_.n_kv_heads * cfg_.head_dim, pos0 = cache.length;
+    const int64_t n = int64_t(ids.size());
     MOECEL_CHECK(n >= 1, "forward needs at least one token");
-    MOECEL_CHECK(pos0 + n <= cache.capacity, "context of {} tokens exceeds the KV cache capacity {}", pos0 + n,
-                 cache.capacity);
     for (int32_t id : ids) {
       MOECEL_CHECK(id >= 0 && id < cfg_.vocab_size, "token id {} is outside the vocabulary [0, {})", id,
                    cfg_.vocab_size);
     }
-    Tensor tok = be.alloc(DType::kI32, {n});
+    Tensor tok = be.scratch(DType::kI32, {n});
     be.from_host(ids.data(), tok);
-    Tensor x = be.alloc(DType::kF32, {n, h});  // (n_tokens, hidden_size): the residual stream
+    return forward_device(tok, cache, all_logits);
+  }
+
+  bool has_device_forward() const override { return true; }
+
+  // Every activation below is fully written by the op that produces it, hence scratch (no memset).
+  Tensor forward_device(const Tensor& tok, KvCache& cache, bool all_logits) override {
+    Backend& be = *backend_;
+    const int64_t n = tok.numel(), h = cfg_.hidden_size;
+    const int64_t kv = cfg_.n_kv_heads * cfg_.head_dim, pos0 = cache.length;
+    MOECEL_CHECK(n >= 1, "forward needs at least one token");
+    MOECEL_CHECK(tok.dtype == DType::kI32, "forward: token ids must be I32");
+    MOECEL_CHECK(pos0 + n <= cache.capacity, "context of {} tokens exceeds the KV cache capacity {}", pos0 + n,
+                 cache.capacity);
+    Tensor x = be.scratch(DType::kF32, {n, h});  // (n_tokens, hidden_size): the residual stream
     be.embedding(embed_, tok, x);
 
-    Tensor xn = be.alloc(DType::kF32, {n, h});
-    Tensor q = be.alloc(DType::kF32, {n, h}), k = be.alloc(DType::kF32, {n, kv}), v = be.alloc(DType::kF32, {n, kv});
-    Tensor att = be.alloc(DType::kF32, {n, h}), o = be.alloc(DType::kF32, {n, h});
-    Tensor router_logits = be.alloc(DType::kF32, {n, cfg_.n_experts});
-    Tensor topk_idx = be.alloc(DType::kI32, {n, cfg_.n_experts_per_tok});
-    Tensor topk_w = be.alloc(DType::kF32, {n, cfg_.n_experts_per_tok});
+    Tensor xn = be.scratch(DType::kF32, {n, h});
+    Tensor q = be.scratch(DType::kF32, {n, h}), k = be.scratch(DType::kF32, {n, kv});
+    Tensor v = be.scratch(DType::kF32, {n, kv});
+    Tensor att = be.scratch(DType::kF32, {n, h}), o = be.scratch(DType::kF32, {n, h});
+    Tensor router_logits = be.scratch(DType::kF32, {n, cfg_.n_experts});
+    Tensor topk_idx = be.scratch(DType::kI32, {n, cfg_.n_experts_per_tok});
+    Tensor topk_w = be.scratch(DType::kF32, {n, cfg_.n_experts_per_tok});
     const float scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
+    const float eps = float(cfg_.rms_norm_eps), theta = float(cfg_.rope_theta);
+    const int n_heads = int(cfg_.n_heads), n_kv_heads = int(cfg_.n_kv_heads), head_dim = int(cfg_.head_dim);
+    be.rms_norm(x, layers_[0].input_norm, eps, xn);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& ly = layers_[l];
       // attention: h = x + o_proj(attn(rope(q_norm(q_proj(xn))), rope(k_norm(k_proj(xn))), v_proj(xn)))
-      be.rms_norm(x, ly.input_norm, float(cfg_.rms_norm_eps), xn);
+      // (xn = input_norm(x) was computed before the loop or fused into the previous layer's last add)
       be.linear(ly.q_proj, xn, q);
       be.linear(ly.k_proj, xn, k);
       be.linear(ly.v_proj, xn, v);
-      be.rms_norm(q, ly.q_norm, float(cfg_.rms_norm_eps), q);
-      be.rms_norm(k, ly.k_norm, float(cfg_.rms_norm_eps), k);
       if (cfg_.clip_qkv > 0) {
+        be.rms_norm(q, ly.q_norm, eps, q);
+        be.rms_norm(k, ly.k_norm, eps, k);
         be.clamp(q, float(cfg_.clip_qkv));
         be.clamp(k, float(cfg_.clip_qkv));
         be.clamp(v, float(cfg_.clip_qkv));
+        be.rope(q, pos0, n_heads, head_dim, head_dim, theta);
+        be.rope(k, pos0, n_kv_heads, head_dim, head_dim, theta);
+        be.kv_store(k, v, cache.k[l], cache.v[l], pos0);
+      } else {
+        be.qk_norm_rope_store(q, k, v, ly.q_norm, ly.k_norm, eps, n_heads, n_kv_heads, head_dim, head_dim, theta,
+                              cache.k[l], cache.v[l], pos0);
       }
-      be.rope(q, pos0, int(cfg_.n_heads), int(cfg_.head_dim), int(cfg_.head_dim), float(cfg_.rope_theta));
-      be.rope(k, pos0, int(cfg_.n_kv_heads), int(cfg_.head_dim), int(cfg_.head_dim), float(cfg_.rope_theta));
-      be.kv_store(k, v, cache.k[l], cache.v[l], pos0);
-      be.attention(q, cache.k[l], cache.v[l], pos0, int(cfg_.n_heads), int(cfg_.n_kv_heads), int(cfg_.head_dim), scale,
-                   0, att);
+      be.attention(q, cache.k[l], cache.v[l], pos0, n_heads, n_kv_heads, head_dim, scale, 0, att);
       be.linear(ly.o_proj, att, o);
-      be.add(x, o, x);
       // MoE: x = h + sum_k w_k * expert_k(post_norm(h)), softmax over all experts, top-k
-      be.rms_norm(x, ly.post_norm, float(cfg_.rms_norm_eps), xn);
+      be.add_rms_norm(x, o, x, ly.post_norm, eps, xn);
       be.linear(ly.router, xn, router_logits);
-      be.router_topk(router_logits, RouterScoring::kSoftmax, int(cfg_.n_experts_per_tok), cfg_.norm_topk_prob,
-                     topk_idx, topk_w);
+      be.router_topk(router_logits, RouterScoring::kSoftmax, int(cfg_.n_experts_per_tok), cfg_.norm_topk_prob, topk_idx,
+                     topk_w);
       Tensor moe = ly.experts.forward(be, xn, topk_idx, topk_w);
-      be.add(x, moe, x);
+      if (l + 1 < layers_.size()) {
+        be.add_rms_norm(x, moe, x, layers_[l + 1].input_norm, eps, xn);  // and the next layer's input norm
+      } else {
+        be.add(x, moe, x);
+      }
     }
     Tensor last = all_logits ? x : x.slice_rows(n - 1, n);
-    Tensor normed = be.alloc(DType::kF32, last.shape);
+    Tensor normed = be.scratch(DType::kF32, last.shape);
     be.rms_norm(last, final_norm_, float(cfg_.rms_norm_eps), normed);
-    Tensor logits = be.alloc(DType::kF32, {last.dim(0), cfg_.vocab_size});
+    Tensor logits = be.scratch(DType::kF32, {last.dim(0), cfg_.vocab_size});
     be.linear(lm_head_, normed, logits);
     cache.length = pos0 + n;
     return logits;
@@ -185,34 +205,43 @@ class Olmoe final : public Model {
   std::vector<Layer> layers_;
 };
 
-std::unique_ptr<Model> load_olmoe(const ModelContext& ctx) { return std::make_unique<Olmoe>(ctx); }
+std::unique_ptr<Model> load_olmoe(const ModelContext& ctx) {
+  return std::make_unique<Olmoe>(ctx);
+}
 
 // Random checkpoints of OLMoE shape: "tiny" for tests, "olmoe-1b-7b" with the real shapes for benchmarks.
 // `overrides` are config.json fields that replace the preset's (e.g. {"intermediate_size": 256}).
 TestModelSpec olmoe_test_model(const std::string& preset, const nlohmann::json& overrides) {
   TestModelSpec s;
-  s.config = {{"model_type", "olmoe"},
-              {"architectures", {"OlmoeForCausalLM"}},
-              {"norm_topk_prob", false},
-              {"rms_norm_eps", 1e-5},
-              {"rope_theta", 10000.0},
-              {"clip_qkv", nullptr},
-              {"attention_bias", false},
-              {"tie_word_embeddings", false},
-              {"hidden_act", "silu"},
-              {"bos_token_id", nullptr},
+  s.config = {{"model_type", "olmoe"},   {"architectures", {"OlmoeForCausalLM"}},
+              {"norm_topk_prob", false}, {"rms_norm_eps", 1e-5},
+              {"rope_theta", 10000.0},   {"clip_qkv", nullptr},
+              {"attention_bias", false}, {"tie_word_embeddings", false},
+              {"hidden_act", "silu"},    {"bos_token_id", nullptr},
               {"pad_token_id", 1}};
   float std = 0.02f;
   if (preset == "tiny") {
-    s.config.update({{"vocab_size", 512}, {"hidden_size", 128}, {"intermediate_size", 128},
-                     {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 4},
-                     {"num_experts", 8}, {"num_experts_per_tok", 2}, {"max_position_embeddings", 512},
+    s.config.update({{"vocab_size", 512},
+                     {"hidden_size", 128},
+                     {"intermediate_size", 128},
+                     {"num_hidden_layers", 2},
+                     {"num_attention_heads", 4},
+                     {"num_key_value_heads", 4},
+                     {"num_experts", 8},
+                     {"num_experts_per_tok", 2},
+                     {"max_position_embeddings", 512},
                      {"eos_token_id", 511}});
     std = 0.08f;
   } else if (preset == "olmoe-1b-7b") {
-    s.config.update({{"vocab_size", 50304}, {"hidden_size", 2048}, {"intermediate_size", 1024},
-                     {"num_hidden_layers", 16}, {"num_attention_heads", 16}, {"num_key_value_heads", 16},
-                     {"num_experts", 64}, {"num_experts_per_tok", 8}, {"max_position_embeddings", 4096},
+    s.config.update({{"vocab_size", 50304},
+                     {"hidden_size", 2048},
+                     {"intermediate_size", 1024},
+                     {"num_hidden_layers", 16},
+                     {"num_attention_heads", 16},
+                     {"num_key_value_heads", 16},
+                     {"num_experts", 64},
+                     {"num_experts_per_tok", 8},
+                     {"max_position_embeddings", 4096},
                      {"eos_token_id", 50279}});
   } else {
     fail("unknown olmoe preset '{}': expected tiny or olmoe-1b-7b", preset);

@@ -21,8 +21,8 @@ struct ModelContext {
 
 // A random checkpoint's recipe: config.json and the tensors with their init scale.
 struct TestTensor {
-  std::string name;  // for linear layers the module path (".weight" etc. are added); else the tensor name
-  Shape shape;       // logical (n_experts?, out, in) for linear layers
+  std::string name;    // for linear layers the module path (".weight" etc. are added); else the tensor name
+  Shape shape;         // logical (n_experts?, out, in) for linear layers
   bool linear = true;  // quantizable linear layer (also embeddings and lm_head)
   float std = 0.02f;   // spread of the random values (norm weights: around 1)
 };

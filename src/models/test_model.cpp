@@ -137,8 +137,8 @@ size_t write_test_model(const TestModelOptions& opt, const std::string& out_dir)
       const std::string base = t.name.substr(0, t.name.find(".switch_mlp.")) + ".experts.";
       const std::string proj = t.name.substr(t.name.find(".switch_mlp.") + 12);
       for (int64_t e = 0; e < t.shape[0]; ++e) {
-        out.emplace_back(base + std::to_string(e) + "." + proj + ".weight", w.slice_rows(e, e + 1).reshaped(
-                                                                                {t.shape[1], t.shape[2]}));
+        out.emplace_back(base + std::to_string(e) + "." + proj + ".weight",
+                         w.slice_rows(e, e + 1).reshaped({t.shape[1], t.shape[2]}));
       }
     } else {
       Tensor w = make_host_tensor(opt.dtype, t.shape);

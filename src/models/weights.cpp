@@ -85,9 +85,8 @@ SwitchWeights WeightLoader::experts(const std::string& mlp_prefix, int64_t n_exp
   } else if (store_.has(ep + "gate_up_proj")) {
     const Tensor& gate_up = store_.get(ep + "gate_up_proj");
     const Tensor& down = store_.get(ep + "down_proj");
-    MOECEL_CHECK(gate_up.shape == Shape({n_experts, 2 * ffn, hidden}),
-                 "tensor {}gate_up_proj: expected {}, got {}", ep, shape_str({n_experts, 2 * ffn, hidden}),
-                 shape_str(gate_up.shape));
+    MOECEL_CHECK(gate_up.shape == Shape({n_experts, 2 * ffn, hidden}), "tensor {}gate_up_proj: expected {}, got {}", ep,
+                 shape_str({n_experts, 2 * ffn, hidden}), shape_str(gate_up.shape));
     sw.gate = LinearWeight::dense_from(ep + "gate_up_proj[gate]", take_rows(gate_up, 0, ffn), true);
     sw.up = LinearWeight::dense_from(ep + "gate_up_proj[up]", take_rows(gate_up, ffn, ffn), true);
     sw.down = LinearWeight::dense_from(ep + "down_proj", down, true);

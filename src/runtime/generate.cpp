@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -14,6 +16,45 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
+
+bool decode_graphs_enabled() {
+  constexpr bool kDefault = true;
+  const char* v = std::getenv("MOECEL_CUDA_GRAPH");
+  if (v == nullptr || *v == '\0') return kDefault;
+  return std::strcmp(v, "0") != 0;
+}
+
+GreedyStepper::GreedyStepper(Model& model, KvCache& cache)
+    : model_(model), cache_(cache), want_graph_(decode_graphs_enabled() && model.has_device_forward()) {}
+
+GreedyStepper::~GreedyStepper() = default;
+
+int32_t GreedyStepper::step(int32_t id) {
+  const ModelInfo& info = model_.info();
+  MOECEL_CHECK(id >= 0 && id < info.vocab_size, "token id {} is outside the vocabulary [0, {})", id, info.vocab_size);
+  MOECEL_CHECK(cache_.length + 1 <= cache_.capacity, "context of {} tokens exceeds the KV cache capacity {}",
+               cache_.length + 1, cache_.capacity);
+  Backend& be = model_.backend();
+  if (want_graph_ && !graph_) {
+    ids_ = be.alloc(DType::kI32, {1});
+    next_ = be.alloc(DType::kI32, {1});
+    const int64_t len = cache_.length;
+    graph_ = be.capture_decode(
+        [&] {
+          Tensor logits = model_.forward_device(ids_, cache_, false);  // (1, vocab_size)
+          be.argmax_to(logits, next_);
+        },
+        ids_, next_);
+    cache_.length = len;               // recording ran nothing
+    if (!graph_) want_graph_ = false;  // the backend has no graphs
+  }
+  if (graph_) {
+    const int32_t next = graph_->run(id, cache_.length);
+    cache_.length += 1;
+    return next;
+  }
+  return be.argmax(model_.forward(std::span<const int32_t>(&id, 1), cache_, false))[0];
+}
 
 GenerateResult generate(Model& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const std::function<bool(int32_t)>& on_token) {
@@ -28,8 +69,8 @@ GenerateResult generate(Model& model, std::span<const int32_t> prompt, const Gen
   return generate_into(model, cache, prompt, opt, on_token);
 }
 
-GenerateResult generate_into(Model& model, KvCache& cache, std::span<const int32_t> tokens,
-                             const GenerateOptions& opt, const std::function<bool(int32_t)>& on_token) {
+GenerateResult generate_into(Model& model, KvCache& cache, std::span<const int32_t> tokens, const GenerateOptions& opt,
+                             const std::function<bool(int32_t)>& on_token) {
   MOECEL_CHECK(!tokens.empty(), "nothing to run: give at least one new token");
   const ModelInfo& info = model.info();
   MOECEL_CHECK(cache.length + int64_t(tokens.size()) + std::max(opt.max_tokens, 1) - 1 <= cache.capacity,
@@ -48,6 +89,7 @@ GenerateResult generate_into(Model& model, KvCache& cache, std::span<const int32
     return sampler.sample(host_logits);
   };
 
+  GreedyStepper stepper(model, cache);
   auto t0 = std::chrono::steady_clock::now();
   int32_t next = pick(model.forward(tokens, cache, false));
   be.synchronize();
@@ -56,14 +98,14 @@ GenerateResult generate_into(Model& model, KvCache& cache, std::span<const int32
   for (;;) {
     res.output_ids.push_back(next);
     if (on_token && !on_token(next)) break;
-    if (opt.stop_at_eos && std::find(info.eos_token_ids.begin(), info.eos_token_ids.end(), next) !=
-                               info.eos_token_ids.end()) {
+    if (opt.stop_at_eos &&
+        std::find(info.eos_token_ids.begin(), info.eos_token_ids.end(), next) != info.eos_token_ids.end()) {
       res.stop_reason = "eos";
       break;
     }
     if (int(res.output_ids.size()) >= opt.max_tokens) break;
     const int32_t id = next;
-    next = pick(model.forward(std::span<const int32_t>(&id, 1), cache, false));
+    next = sampler.greedy() ? stepper.step(id) : pick(model.forward(std::span<const int32_t>(&id, 1), cache, false));
     ++res.decode_steps;
   }
   be.synchronize();

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,13 +26,39 @@ struct GenerateResult {
   int decode_steps = 0;  // forward passes of one token
 };
 
+// Greedy single-token decode steps on one KV cache. When the backend records decode graphs (CUDA) and the model
+// has a device-ids forward, the first step records the step once and every step replays it (no per-op launch
+// cost); otherwise each step is forward + argmax. Both give the same ids. MOECEL_CUDA_GRAPH=0 in the
+// environment turns graphs off, =1 on. The stepper must not outlive `cache` or the model.
+class GreedyStepper {
+ public:
+  GreedyStepper(Model& model, KvCache& cache);
+  ~GreedyStepper();
+  GreedyStepper(const GreedyStepper&) = delete;
+  GreedyStepper& operator=(const GreedyStepper&) = delete;
+
+  // Runs `id` at position cache.length, appends it to the cache and returns the argmax of the next token.
+  int32_t step(int32_t id);
+  bool uses_graph() const { return graph_ != nullptr; }
+
+ private:
+  Model& model_;
+  KvCache& cache_;
+  bool want_graph_;
+  Tensor ids_, next_;  // the graph's input and output token, (1,) I32 on the backend
+  std::unique_ptr<DecodeGraph> graph_;
+};
+
+// Whether decode graphs are on: MOECEL_CUDA_GRAPH ("0" off, "1" on), else the default.
+bool decode_graphs_enabled();
+
 // on_token is called with each new id as soon as it is chosen; returning false stops generation.
 GenerateResult generate(Model& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const std::function<bool(int32_t)>& on_token = {});
 
 // Continues a conversation held in `cache`: `tokens` are what cache.length does not hold yet (at least one).
 // The last generated id is not fed back, so the cache ends one token short of prompt + output.
-GenerateResult generate_into(Model& model, KvCache& cache, std::span<const int32_t> tokens,
-                             const GenerateOptions& opt, const std::function<bool(int32_t)>& on_token = {});
+GenerateResult generate_into(Model& model, KvCache& cache, std::span<const int32_t> tokens, const GenerateOptions& opt,
+                             const std::function<bool(int32_t)>& on_token = {});
 
 }  // namespace moecel

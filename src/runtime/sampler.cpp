@@ -17,7 +17,9 @@ void validate(const SamplerParams& p) {
   MOECEL_CHECK(p.min_p >= 0.0f && p.min_p < 1.0f, "--min-p must be in [0, 1), got {}", p.min_p);
 }
 
-Sampler::Sampler(const SamplerParams& p) : params_(p), rng_(p.seed) { validate(p); }
+Sampler::Sampler(const SamplerParams& p) : params_(p), rng_(p.seed) {
+  validate(p);
+}
 
 int32_t Sampler::sample(std::span<const float> logits) {
   MOECEL_CHECK(!logits.empty(), "sampler: empty logits");

@@ -57,7 +57,8 @@ TEST_F(CliTest, GenerateJson) {
 }
 
 TEST_F(CliTest, SamplingIsSeeded) {
-  const std::string args = "generate --model " + model() + " --prompt-ids 4,5 -n 8 --ignore-eos --json "
+  const std::string args = "generate --model " + model() +
+                           " --prompt-ids 4,5 -n 8 --ignore-eos --json "
                            "--temperature 1.5 --top-k 50 --top-p 0.95 --min-p 0.01 ";
   auto a = run_cli(args + "--seed 1"), b = run_cli(args + "--seed 1");
   ASSERT_EQ(a.exit_code, 0) << a.err;
@@ -105,7 +106,10 @@ TEST_F(CliTest, ConfigShapeDisagreesWithTensors) {
 }
 
 TEST_F(CliTest, BitsDisagreeWithConfig) {
-  auto d = with_config("bits", [](nlohmann::json& j) { j["quantization"]["bits"] = 8; j.erase("quantization_config"); });
+  auto d = with_config("bits", [](nlohmann::json& j) {
+    j["quantization"]["bits"] = 8;
+    j.erase("quantization_config");
+  });
   expect_error(run_cli("generate --model " + d + " --prompt-ids 1"), "bits");
 }
 

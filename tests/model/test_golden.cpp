@@ -1,14 +1,14 @@
 // Golden tests against the reference implementations: each tests/golden/olmoe_*/ folder holds a checkpoint
 // and golden.json + logits.npy written by transformers or mlx-lm (tools/reference/). `moecel logits` must match
-// the teacher-forced logits within a relative L2 error of 1e-4 (f32 paths that differ only in summation order land near 1e-6) with the same argmax at every position, and
-// greedy generation must reproduce the reference continuation.
+// the teacher-forced logits within a relative L2 error of 1e-4 (f32 paths that differ only in summation order land near
+// 1e-6) with the same argmax at every position, and greedy generation must reproduce the reference continuation.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
@@ -30,7 +30,9 @@ std::vector<std::string> golden_cases() {
   return cases;
 }
 
-std::string dir_of(const std::string& c) { return std::string(MOECEL_SOURCE_DIR) + "/tests/golden/" + c; }
+std::string dir_of(const std::string& c) {
+  return std::string(MOECEL_SOURCE_DIR) + "/tests/golden/" + c;
+}
 
 nlohmann::json golden_of(const std::string& c) {
   return nlohmann::json::parse(test::read_text(dir_of(c) + "/golden.json"));
@@ -43,8 +45,8 @@ TEST_P(Golden, TeacherForcedLogits) {
   const auto g = golden_of(GetParam());
   const auto prompt = g["prompt_ids"].get<std::vector<int32_t>>();
   test::ScratchDir out("golden");
-  auto r = test::run_cli(fmt::format("logits --model {} --prompt-ids {} --out {}/l.npy", dir, fmt::join(prompt, ","),
-                                     out.str()));
+  auto r = test::run_cli(
+      fmt::format("logits --model {} --prompt-ids {} --out {}/l.npy", dir, fmt::join(prompt, ","), out.str()));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   NpyArray got = read_npy(out.str() + "/l.npy");
   NpyArray want = read_npy(dir + "/" + g.value("logits_file", "logits.npy"));

@@ -28,11 +28,17 @@ void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
 
 }  // namespace
 
-Tensor CpuBackend::alloc(DType dtype, Shape shape) { return make_host_tensor(dtype, std::move(shape)); }
+Tensor CpuBackend::alloc(DType dtype, Shape shape) {
+  return make_host_tensor(dtype, std::move(shape));
+}
 
-void CpuBackend::to_host(const Tensor& src, void* dst) { std::memcpy(dst, src.data, src.nbytes()); }
+void CpuBackend::to_host(const Tensor& src, void* dst) {
+  std::memcpy(dst, src.data, src.nbytes());
+}
 
-void CpuBackend::from_host(const void* src, Tensor& dst) { std::memcpy(dst.data, src, dst.nbytes()); }
+void CpuBackend::from_host(const void* src, Tensor& dst) {
+  std::memcpy(dst.data, src, dst.nbytes());
+}
 
 void CpuBackend::embedding(const LinearWeight& table, const Tensor& ids, Tensor& out) {
   check_f32(out, "embedding output");
@@ -120,8 +126,7 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
                            int n_kv_heads, int head_dim, float scale, int window, Tensor& out) {
   const int64_t q_width = int64_t(n_heads) * head_dim, kv_width = int64_t(n_kv_heads) * head_dim;
   const int64_t n = q.numel() / q_width;
-  MOECEL_CHECK(n_heads % n_kv_heads == 0, "attention: n_heads {} not a multiple of n_kv_heads {}", n_heads,
-               n_kv_heads);
+  MOECEL_CHECK(n_heads % n_kv_heads == 0, "attention: n_heads {} not a multiple of n_kv_heads {}", n_heads, n_kv_heads);
   const int group = n_heads / n_kv_heads;
   parallel_for(n * n_heads, 1, [&](int64_t b, int64_t e) {
     std::vector<float> scores;

@@ -10,22 +10,24 @@
 namespace moecel::cpu {
 
 // y (n_tokens, w.out) = x (n_tokens, w.in) @ w[expert]^T; expert = 0 for 2-D weights.
-// x rows are x_stride floats apart, y rows y_stride floats apart.
+// x rows are x_stride floats apart, y rows y_stride floats apart; y must not overlap x.
 void linear(const LinearWeight& w, int64_t expert, const float* x, int64_t n_tokens, int64_t x_stride, float* y,
             int64_t y_stride);
 
 // The gather path (MLX gather_qmm). w (n_experts, out, in); indices (n_tokens, k) in [0, n_experts).
 // y (n_tokens, k, out): y[(t*k + j) * out + r] = dot(w[indices[t*k + j]][r], x_row) with
 // x_row = x + t * in (x_per_slot = false: x is (n_tokens, in)) or x + (t*k + j) * in (x_per_slot = true:
-// x is (n_tokens, k, in)). Pairs are grouped by expert so each expert's weights are decoded once.
+// x is (n_tokens, k, in)). Pairs are grouped by expert so each expert's weights are decoded once; y must not
+// overlap x. Throws moecel::Error for an index outside [0, n_experts) or a weight without an experts axis.
 void gather_linear(const LinearWeight& w, const float* x, bool x_per_slot, const int32_t* indices, int64_t n_tokens,
                    int64_t k, float* y);
 
 // Instruction-set levels of the kernels.
 enum class SimdLevel { kScalar, kAvx2, kAvx512 };
 
-// The level in use: the best the CPU supports, capped by MOECEL_CPU_SIMD (0/off/scalar, avx2, avx512) and
-// by set_simd_level. Results are deterministic for a given level (and independent of the thread count).
+// The level in use: the best the CPU supports, capped at startup by MOECEL_CPU_SIMD (0/off/scalar, avx2) and
+// afterwards by set_simd_level. For a given level, results are bitwise deterministic and do not depend on the
+// thread count.
 SimdLevel simd_level();
 // Caps the level (for tests and benchmarks); a level the CPU lacks falls back to the best one it has.
 void set_simd_level(SimdLevel level);

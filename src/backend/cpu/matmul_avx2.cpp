@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "backend/cpu/matmul_internal.h"
-#include "core/half.h"
 
 #define MOECEL_AVX2 __attribute__((target("avx2,fma,f16c")))
 // Loops over the R rows / T tokens of a register block must be unrolled for the accumulators to stay in registers.
@@ -66,8 +65,19 @@ struct RowPtrs {
   const uint8_t* w[R];
   const uint8_t* sc[R];
   const uint8_t* bi[R];
+  int64_t es, sb;  // bytes of one scale, of one row of scales
+  // Prefetches the scales and biases of group g8 for the rows `rows` ahead.
+  MOECEL_AVX2 void prefetch_params(int64_t g8, int64_t rows) const {
+    const int64_t off = g8 * es + rows * sb;
+    MOECEL_UNROLL
+    for (int i = 0; i < R; ++i) {
+      prefetch_next(sc[i], off);
+      if (bi[i]) prefetch_next(bi[i], off);
+    }
+  }
   RowPtrs(const Slice& s, int64_t r) {
-    const int64_t sb = s.groups * int64_t(dtype_size(s.sdtype));
+    es = int64_t(dtype_size(s.sdtype));
+    sb = s.groups * es;
     MOECEL_UNROLL
     for (int i = 0; i < R; ++i) {
       w[i] = s.w + (r + i) * s.row_bytes;
@@ -119,10 +129,10 @@ MOECEL_AVX2 void prep_q4(const Slice& s, const float* x, float* px) {
   }
 }
 
-template <DType ST, int R>
+template <DType ST, int GS, int R>
 MOECEL_AVX2 void q4_rows(const Slice& s, const float* px, int64_t r, float* y) {
   RowPtrs<R> p(s, r);
-  const int64_t gs = s.group_size, nb = gs / 16;
+  constexpr int64_t gs = GS, nb = gs / 16;
   const __m256i low = _mm256_set1_epi32(15);
   __m256 tot[R];
   MOECEL_UNROLL
@@ -131,6 +141,7 @@ MOECEL_AVX2 void q4_rows(const Slice& s, const float* px, int64_t r, float* y) {
   for (int64_t g8 = 0; g8 < s.groups; g8 += 8) {
     const int64_t ng = std::min<int64_t>(8, s.groups - g8);
     load_scales<ST, R>(p, g8, ng, scl);
+    p.prefetch_params(g8, R);
     for (int64_t gi = 0; gi < ng; ++gi) {
       const int64_t i0 = (g8 + gi) * gs;
       __m256 a[R], b[R];
@@ -138,11 +149,13 @@ MOECEL_AVX2 void q4_rows(const Slice& s, const float* px, int64_t r, float* y) {
       for (int i = 0; i < R; ++i) a[i] = b[i] = _mm256_setzero_ps();
       MOECEL_UNROLL
       for (int i = 0; i < R; ++i) prefetch_next(p.w[i] + i0 / 2, R * s.row_bytes);
+      MOECEL_UNROLL
       for (int64_t blk = 0; blk < nb; ++blk) {
         const __m256 xe = _mm256_loadu_ps(px + i0 + 16 * blk), xo = _mm256_loadu_ps(px + i0 + 16 * blk + 8);
         MOECEL_UNROLL
         for (int i = 0; i < R; ++i) {
-          __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.w[i] + i0 / 2 + 8 * blk)));
+          __m256i v =
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.w[i] + i0 / 2 + 8 * blk)));
           a[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, low)), xe, a[i]);
           b[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), xo, b[i]);
         }
@@ -157,10 +170,10 @@ MOECEL_AVX2 void q4_rows(const Slice& s, const float* px, int64_t r, float* y) {
 }
 
 // ---- 8-bit ----
-template <DType ST, int R>
+template <DType ST, int GS, int R>
 MOECEL_AVX2 void q8_rows(const Slice& s, const float* px, int64_t r, float* y) {
   RowPtrs<R> p(s, r);
-  const int64_t gs = s.group_size;
+  constexpr int64_t gs = GS;
   __m256 tot[R];
   MOECEL_UNROLL
   for (int i = 0; i < R; ++i) tot[i] = _mm256_setzero_ps();
@@ -168,11 +181,16 @@ MOECEL_AVX2 void q8_rows(const Slice& s, const float* px, int64_t r, float* y) {
   for (int64_t g8 = 0; g8 < s.groups; g8 += 8) {
     const int64_t ng = std::min<int64_t>(8, s.groups - g8);
     load_scales<ST, R>(p, g8, ng, scl);
+    p.prefetch_params(g8, R);
     for (int64_t gi = 0; gi < ng; ++gi) {
       const int64_t i0 = (g8 + gi) * gs;
       __m256 a[R], b[R];
       MOECEL_UNROLL
-      for (int i = 0; i < R; ++i) a[i] = b[i] = _mm256_setzero_ps();
+      for (int i = 0; i < R; ++i) {
+        a[i] = b[i] = _mm256_setzero_ps();
+        prefetch_next(p.w[i] + i0, R * s.row_bytes);
+      }
+      MOECEL_UNROLL
       for (int64_t k = 0; k < gs; k += 16) {
         const __m256 x0 = _mm256_loadu_ps(px + i0 + k), x1 = _mm256_loadu_ps(px + i0 + k + 8);
         MOECEL_UNROLL
@@ -206,10 +224,10 @@ MOECEL_AVX2 inline __m256i q6_decode8(const uint8_t* q) {
   return _mm256_and_si256(_mm256_srlv_epi32(v, shifts), _mm256_set1_epi32(63));
 }
 
-template <DType ST, int R>
+template <DType ST, int GS, int R>
 MOECEL_AVX2 void q6_rows(const Slice& s, const float* px, int64_t r, float* y) {
   RowPtrs<R> p(s, r);
-  const int64_t gs = s.group_size;
+  constexpr int64_t gs = GS;
   // The 8-byte loads of the last group could pass the end of the tensor: that group reads from copies.
   const int64_t last_off = (s.groups - 1) * gs * 6 / 8, last_bytes = gs * 6 / 8;
   alignas(32) uint8_t last[R][96 + 8] = {};
@@ -222,6 +240,7 @@ MOECEL_AVX2 void q6_rows(const Slice& s, const float* px, int64_t r, float* y) {
   for (int64_t g8 = 0; g8 < s.groups; g8 += 8) {
     const int64_t ng = std::min<int64_t>(8, s.groups - g8);
     load_scales<ST, R>(p, g8, ng, scl);
+    p.prefetch_params(g8, R);
     for (int64_t gi = 0; gi < ng; ++gi) {
       const int64_t g = g8 + gi, i0 = g * gs;
       const uint8_t* q[R];
@@ -229,7 +248,11 @@ MOECEL_AVX2 void q6_rows(const Slice& s, const float* px, int64_t r, float* y) {
       for (int i = 0; i < R; ++i) q[i] = g == s.groups - 1 ? last[i] : p.w[i] + g * last_bytes;
       __m256 a[R], b[R];
       MOECEL_UNROLL
-      for (int i = 0; i < R; ++i) a[i] = b[i] = _mm256_setzero_ps();
+      for (int i = 0; i < R; ++i) {
+        a[i] = b[i] = _mm256_setzero_ps();
+        prefetch_next(p.w[i] + g * last_bytes, R * s.row_bytes);
+      }
+      MOECEL_UNROLL
       for (int64_t k = 0; k < gs; k += 16) {
         const __m256 x0 = _mm256_loadu_ps(px + i0 + k), x1 = _mm256_loadu_ps(px + i0 + k + 8);
         MOECEL_UNROLL
@@ -262,6 +285,7 @@ MOECEL_AVX2 void dense_rows(const Slice& s, const float* px, int64_t r, float* y
     const __m256 x0 = _mm256_loadu_ps(px + k), x1 = _mm256_loadu_ps(px + k + 8);
     MOECEL_UNROLL
     for (int i = 0; i < R; ++i) {
+      if (k % (64 / kElem<WT>) == 0) prefetch_next(w[i] + k * kElem<WT>, R * s.row_bytes);
       a[i] = _mm256_fmadd_ps(load8<WT>(w[i] + k * kElem<WT>), x0, a[i]);
       b[i] = _mm256_fmadd_ps(load8<WT>(w[i] + (k + 8) * kElem<WT>), x1, b[i]);
     }
@@ -287,61 +311,95 @@ MOECEL_AVX2 void gemv_rows(const Slice& s, const float* px, int64_t r0, int64_t 
   for (; r < r1; ++r) K<T, 1>::run(s, px, r, y);
 }
 
-template <DType T, int R>
+// The same for quantized kernels, which also take the group size as a constant.
+template <template <DType, int, int> class K, DType T, int GS>
+MOECEL_AVX2 void gemv_rows_q(const Slice& s, const float* px, int64_t r0, int64_t r1, float* y) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) K<T, GS, 4>::run(s, px, r, y);
+  for (; r < r1; ++r) K<T, GS, 1>::run(s, px, r, y);
+}
+
+template <template <DType, int, int> class K, DType T>
+GemvFn gemv_for_group(int group_size) {
+  switch (group_size) {
+    case 32: return gemv_rows_q<K, T, 32>;
+    case 64: return gemv_rows_q<K, T, 64>;
+    default: return gemv_rows_q<K, T, 128>;
+  }
+}
+
+template <DType T, int GS, int R>
 struct Q4 {
-  MOECEL_AVX2 static void run(const Slice& s, const float* px, int64_t r, float* y) { q4_rows<T, R>(s, px, r, y); }
+  MOECEL_AVX2 static void run(const Slice& s, const float* px, int64_t r, float* y) { q4_rows<T, GS, R>(s, px, r, y); }
 };
-template <DType T, int R>
+template <DType T, int GS, int R>
 struct Q8 {
-  MOECEL_AVX2 static void run(const Slice& s, const float* px, int64_t r, float* y) { q8_rows<T, R>(s, px, r, y); }
+  MOECEL_AVX2 static void run(const Slice& s, const float* px, int64_t r, float* y) { q8_rows<T, GS, R>(s, px, r, y); }
 };
-template <DType T, int R>
+template <DType T, int GS, int R>
 struct Q6 {
-  MOECEL_AVX2 static void run(const Slice& s, const float* px, int64_t r, float* y) { q6_rows<T, R>(s, px, r, y); }
+  MOECEL_AVX2 static void run(const Slice& s, const float* px, int64_t r, float* y) { q6_rows<T, GS, R>(s, px, r, y); }
 };
 template <DType T, int R>
 struct Dense {
-  MOECEL_AVX2 static void run(const Slice& s, const float* px, int64_t r, float* y) {
-    dense_rows<T, R>(s, px, r, y);
-  }
+  MOECEL_AVX2 static void run(const Slice& s, const float* px, int64_t r, float* y) { dense_rows<T, R>(s, px, r, y); }
 };
 
 // ---- dequantization to f32 rows ----
-template <DType ST>
+// Scales and biases are converted 8 groups at a time; each group is then decoded to f32 and stored.
+template <DType ST, int BITS, int GS>
 MOECEL_AVX2 void dequant_q(const Slice& s, int64_t r0, int64_t r1, float* dst, int64_t ld) {
-  const int64_t gs = s.group_size;
+  constexpr int64_t gbytes = GS * BITS / 8;
   const __m128i low = _mm_set1_epi8(15);
+  alignas(32) float scl[1][8], bia[8];
   for (int64_t r = r0; r < r1; ++r) {
     RowPtrs<1> p(s, r);
     float* d = dst + (r - r0) * ld;
-    alignas(32) uint8_t last[96 + 8] = {};
-    if (s.bits == 6) std::memcpy(last, p.w[0] + (s.groups - 1) * gs * 6 / 8, size_t(gs * 6 / 8));
-    for (int64_t g = 0; g < s.groups; ++g) {
-      const __m256 sc = _mm256_set1_ps(load8_partial<ST>(p.sc[0] + g * kElem<ST>, 1)[0]);
-      const __m256 bi = p.bi[0] ? _mm256_set1_ps(load8_partial<ST>(p.bi[0] + g * kElem<ST>, 1)[0]) : _mm256_setzero_ps();
-      float* dg = d + g * gs;
-      if (s.bits == 4) {
-        const uint8_t* q = p.w[0] + g * gs / 2;
-        for (int64_t k = 0; k < gs; k += 16) {
-          __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k / 2));
-          __m128i v = _mm_unpacklo_epi8(_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16(b, 4), low));
-          __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-          __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
-          _mm256_storeu_ps(dg + k, _mm256_fmadd_ps(sc, f0, bi));
-          _mm256_storeu_ps(dg + k + 8, _mm256_fmadd_ps(sc, f1, bi));
+    alignas(32) uint8_t last[96 + 8] = {};  // 6-bit: the last group's 8-byte loads read from this copy
+    if constexpr (BITS == 6) std::memcpy(last, p.w[0] + (s.groups - 1) * gbytes, size_t(gbytes));
+    for (int64_t g8 = 0; g8 < s.groups; g8 += 8) {
+      const int64_t ng = std::min<int64_t>(8, s.groups - g8);
+      load_scales<ST, 1>(p, g8, ng, scl);
+      const uint8_t* bsrc = p.bi[0] + g8 * kElem<ST>;
+      _mm256_store_ps(bia, !p.bi[0] ? _mm256_setzero_ps() : ng == 8 ? load8<ST>(bsrc) : load8_partial<ST>(bsrc, ng));
+      for (int64_t gi = 0; gi < ng; ++gi) {
+        const int64_t g = g8 + gi;
+        const __m256 sc = _mm256_broadcast_ss(&scl[0][gi]), bi = _mm256_broadcast_ss(&bia[gi]);
+        const uint8_t* q = p.w[0] + g * gbytes;
+        float* dg = d + g * GS;
+        if constexpr (BITS == 4) {
+          MOECEL_UNROLL
+          for (int64_t k = 0; k < GS; k += 16) {
+            __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k / 2));
+            __m128i v = _mm_unpacklo_epi8(_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16(b, 4), low));
+            __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+            __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+            _mm256_storeu_ps(dg + k, _mm256_fmadd_ps(sc, f0, bi));
+            _mm256_storeu_ps(dg + k + 8, _mm256_fmadd_ps(sc, f1, bi));
+          }
+        } else if constexpr (BITS == 8) {
+          MOECEL_UNROLL
+          for (int64_t k = 0; k < GS; k += 8) {
+            __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k)));
+            _mm256_storeu_ps(dg + k, _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(v), bi));
+          }
+        } else {
+          if (g == s.groups - 1) q = last;
+          MOECEL_UNROLL
+          for (int64_t k = 0; k < GS; k += 8)
+            _mm256_storeu_ps(dg + k, _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(q6_decode8(q + k * 6 / 8)), bi));
         }
-      } else if (s.bits == 8) {
-        const uint8_t* q = p.w[0] + g * gs;
-        for (int64_t k = 0; k < gs; k += 8) {
-          __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k)));
-          _mm256_storeu_ps(dg + k, _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(v), bi));
-        }
-      } else {  // 6
-        const uint8_t* q = g == s.groups - 1 ? last : p.w[0] + g * gs * 6 / 8;
-        for (int64_t k = 0; k < gs; k += 8)
-          _mm256_storeu_ps(dg + k, _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(q6_decode8(q + k * 6 / 8)), bi));
       }
     }
+  }
+}
+
+template <DType ST, int BITS>
+DequantFn dequant_for_group(int group_size) {
+  switch (group_size) {
+    case 32: return dequant_q<ST, BITS, 32>;
+    case 64: return dequant_q<ST, BITS, 64>;
+    default: return dequant_q<ST, BITS, 128>;
   }
 }
 
@@ -362,9 +420,8 @@ MOECEL_AVX2 void micro(const float* w, int64_t ldw, const float* const* x, int64
                        int64_t y_off, bool accumulate) {
   __m256 c[R][T];
   MOECEL_UNROLL
-  for (int i = 0; i < R; ++i)
-    MOECEL_UNROLL
-    for (int t = 0; t < T; ++t) c[i][t] = _mm256_setzero_ps();
+  for (int i = 0; i < R; ++i) MOECEL_UNROLL
+  for (int t = 0; t < T; ++t) c[i][t] = _mm256_setzero_ps();
   const float* wr[R];
   const float* xt[T];
   MOECEL_UNROLL
@@ -396,13 +453,12 @@ MOECEL_AVX2 void micro(const float* w, int64_t ldw, const float* const* x, int64
     }
   }
   MOECEL_UNROLL
-  for (int t = 0; t < T; ++t)
-    MOECEL_UNROLL
-    for (int i = 0; i < R; ++i) {
-      float v = hsum(c[i][t]);
-      float* dst = y[t] + y_off + i;
-      *dst = accumulate ? *dst + v : v;
-    }
+  for (int t = 0; t < T; ++t) MOECEL_UNROLL
+  for (int i = 0; i < R; ++i) {
+    float v = hsum(c[i][t]);
+    float* dst = y[t] + y_off + i;
+    *dst = accumulate ? *dst + v : v;
+  }
 }
 
 using MicroFn = void (*)(const float*, int64_t, const float* const*, int64_t, int64_t, float* const*, int64_t, bool);
@@ -429,16 +485,16 @@ void pick_quant(const Slice& s, Kernels& k) {
   switch (s.bits) {
     case 4:
       k.prep = prep_q4;
-      k.gemv = gemv_rows<Q4, T>;
-      k.dequant = dequant_q<T>;
+      k.gemv = gemv_for_group<Q4, T>(s.group_size);
+      k.dequant = dequant_for_group<T, 4>(s.group_size);
       break;
     case 6:
-      k.gemv = gemv_rows<Q6, T>;
-      k.dequant = dequant_q<T>;
+      k.gemv = gemv_for_group<Q6, T>(s.group_size);
+      k.dequant = dequant_for_group<T, 6>(s.group_size);
       break;
     case 8:
-      k.gemv = gemv_rows<Q8, T>;
-      k.dequant = dequant_q<T>;
+      k.gemv = gemv_for_group<Q8, T>(s.group_size);
+      k.dequant = dequant_for_group<T, 8>(s.group_size);
       break;
     default: break;  // 2, 3, 5 bits: scalar decoders
   }
@@ -458,9 +514,7 @@ void avx2_kernels(const Slice& s, Kernels& k) {
     return;
   }
   switch (s.wdtype) {
-    case DType::kF32:
-      k.gemv = gemv_rows<Dense, DType::kF32>;
-      break;
+    case DType::kF32: k.gemv = gemv_rows<Dense, DType::kF32>; break;
     case DType::kF16:
       k.gemv = gemv_rows<Dense, DType::kF16>;
       k.dequant = dequant_dense<DType::kF16>;

@@ -12,7 +12,7 @@ namespace moecel::cpu::detail {
 struct Slice {
   const uint8_t* w = nullptr;
   int64_t row_bytes = 0;
-  const uint8_t* w_end = nullptr;  // end of the whole weight tensor: vector loads never pass it
+  const uint8_t* w_end = nullptr;   // end of the whole weight tensor: vector loads never pass it
   const uint8_t* scales = nullptr;  // quantized: (out, groups) of sdtype
   const uint8_t* biases = nullptr;  // (out, groups) of sdtype; null = all zero
   DType wdtype = DType::kF32;       // dense F32/F16/BF16, or U32 when quantized
@@ -25,7 +25,9 @@ struct Slice {
 
 // Floats of a prepared input vector: a kernel-specific copy of x (in), then per-group sums of x padded
 // with zeros to a multiple of 16 groups.
-inline int64_t prep_floats(const Slice& s) { return s.in + ((s.groups + 15) / 16) * 16 + 16; }
+inline int64_t prep_floats(const Slice& s) {
+  return s.in + ((s.groups + 15) / 16) * 16 + 16;
+}
 
 // Prepares x (in,) for gemv: px gets prep_floats(s) floats.
 using PrepFn = void (*)(const Slice& s, const float* x, float* px);

@@ -15,8 +15,9 @@ constexpr int kThreads = kWarps * 32;
 // n_heads % n_kv_heads == 0; cache rows [0, pos0 + n_tokens) exist.
 template <int VPL>
 __global__ void __launch_bounds__(kThreads)
-    attention_kernel(const float* q, const float* kc, const float* vc, int64_t pos0, int n_heads, int n_kv_heads,
-                     int head_dim, float scale, int window, float* out) {
+    attention_kernel(const float* q, const float* kc, const float* vc, int64_t pos0, const int64_t* step_pos,
+                     int n_heads, int n_kv_heads, int head_dim, float scale, int window, float* out) {
+  if (step_pos) pos0 = *step_pos;
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_acc[kWarps][kMaxHeadDim];
   const int h = blockIdx.x;
@@ -91,8 +92,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int VPL>
 void launch_vpl(const Ctx& ctx, dim3 grid, const float* q, const float* kc, const float* vc, int64_t pos0, int n_heads,
                 int n_kv_heads, int head_dim, float scale, int window, float* out) {
-  attention_kernel<VPL>
-      <<<grid, kThreads, 0, ctx.stream>>>(q, kc, vc, pos0, n_heads, n_kv_heads, head_dim, scale, window, out);
+  attention_kernel<VPL><<<grid, kThreads, 0, ctx.stream>>>(q, kc, vc, pos0, ctx.step_pos, n_heads, n_kv_heads, head_dim,
+                                                           scale, window, out);
   CUDA_CHECK_LAUNCH();
 }
 

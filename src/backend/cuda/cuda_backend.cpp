@@ -124,10 +124,20 @@ int cuda_device_count(std::string* why) {
   return n;
 }
 
+// Host <-> device words of a decode-graph replay (pinned, so the async copies read / write them directly).
+struct StepIo {
+  int64_t pos;
+  int32_t id, next;
+};
+
 struct CudaBackend::Impl {
   cuda::Ctx ctx;
   std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();
-  unsigned* flag_host = nullptr;  // mapped pinned word the kernels raise DeviceError bits in
+  unsigned* flag_host = nullptr;    // mapped pinned word the kernels raise DeviceError bits in
+  int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)
+  StepIo* io_host = nullptr;        // pinned
+  bool capturing = false;
+  std::vector<std::shared_ptr<void>> captured;  // blocks handed out while recording: reserved for the graph
 
   ~Impl() {  // errors ignored: this may run while the process exits
     if (ctx.stream) {
@@ -135,10 +145,13 @@ struct CudaBackend::Impl {
       cudaStreamDestroy(ctx.stream);
     }
     if (flag_host) cudaFreeHost(flag_host);
+    if (io_host) cudaFreeHost(io_host);
+    if (step_pos_dev) cudaFree(step_pos_dev);
     cudaGetLastError();
   }
 
   void sync() {
+    MOECEL_CHECK(!capturing, "CUDA backend: an op waited for the device while a decode graph was being recorded");
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
     const unsigned e = __atomic_exchange_n(flag_host, 0u, __ATOMIC_SEQ_CST);
     if (e == 0) return;
@@ -149,8 +162,49 @@ struct CudaBackend::Impl {
     fail("CUDA backend: a kernel was given bad input: {}; the affected outputs are NaN", what);
   }
 
-  std::shared_ptr<void> scratch(size_t bytes) { return pool->get(std::max<size_t>(bytes, 16)); }
+  // Every device block of an op goes through here: while recording, the graph keeps it.
+  std::shared_ptr<void> get(size_t bytes) {
+    std::shared_ptr<void> p = pool->get(bytes);
+    if (capturing) captured.push_back(p);
+    return p;
+  }
+  std::shared_ptr<void> scratch(size_t bytes) { return get(std::max<size_t>(bytes, 16)); }
 };
+
+namespace {
+
+// One instantiated decode step. The blocks recorded ops wrote stay reserved (`blocks`), and so do ids / next.
+class CudaDecodeGraph final : public DecodeGraph {
+ public:
+  CudaDecodeGraph(CudaBackend::Impl* impl, cudaGraphExec_t exec, std::vector<std::shared_ptr<void>> blocks, Tensor ids,
+                  Tensor next)
+      : impl_(impl), exec_(exec), blocks_(std::move(blocks)), ids_(std::move(ids)), next_(std::move(next)) {}
+  ~CudaDecodeGraph() override {
+    cudaGraphExecDestroy(exec_);  // errors ignored: this may run while the process exits
+    cudaGetLastError();
+  }
+
+  int32_t run(int32_t id, int64_t pos) override {
+    MOECEL_CHECK(pos >= 0, "decode graph: negative position {}", pos);
+    const cudaStream_t s = impl_->ctx.stream;
+    impl_->io_host->pos = pos;
+    impl_->io_host->id = id;
+    CUDA_CHECK(cudaMemcpyAsync(impl_->step_pos_dev, &impl_->io_host->pos, sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(ids_.data, &impl_->io_host->id, sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaGraphLaunch(exec_, s));
+    CUDA_CHECK(cudaMemcpyAsync(&impl_->io_host->next, next_.data, sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    impl_->sync();  // also reports bad input flagged by the kernels; the pinned words are free again after it
+    return impl_->io_host->next;
+  }
+
+ private:
+  CudaBackend::Impl* impl_;
+  cudaGraphExec_t exec_;
+  std::vector<std::shared_ptr<void>> blocks_;
+  Tensor ids_, next_;
+};
+
+}  // namespace
 
 CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   std::string why;
@@ -171,6 +225,48 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->flag_host), sizeof(unsigned), cudaHostAllocMapped));
   *impl_->flag_host = 0;
   CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->ctx.error_flag), impl_->flag_host, 0));
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->io_host), sizeof(StepIo), cudaHostAllocDefault));
+  *impl_->io_host = StepIo{};
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl_->step_pos_dev), sizeof(int64_t)));
+  CUDA_CHECK(cudaMemset(impl_->step_pos_dev, 0, sizeof(int64_t)));
+}
+
+std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const std::function<void()>& record, const Tensor& ids,
+                                                         const Tensor& next) {
+  check_dev(ids, "decode graph ids");
+  check_dev(next, "decode graph next");
+  MOECEL_CHECK(ids.dtype == DType::kI32 && ids.numel() == 1 && next.dtype == DType::kI32 && next.numel() == 1,
+               "decode graph: ids and next must be I32 (1,) tensors");
+  MOECEL_CHECK(!impl_->capturing, "decode graph: already recording");
+  impl_->sync();  // nothing of earlier work may be left on the stream
+  Impl& im = *impl_;
+  im.captured.clear();
+  // Relaxed: the caching allocator may cudaMalloc a new block while the stream is recorded.
+  CUDA_CHECK(cudaStreamBeginCapture(im.ctx.stream, cudaStreamCaptureModeRelaxed));
+  im.capturing = true;
+  im.ctx.step_pos = im.step_pos_dev;
+  cudaGraph_t graph = nullptr;
+  try {
+    record();
+  } catch (...) {
+    im.capturing = false;
+    im.ctx.step_pos = nullptr;
+    im.captured.clear();
+    cudaStreamEndCapture(im.ctx.stream, &graph);  // errors ignored: the first error is the one reported
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    throw;
+  }
+  im.capturing = false;
+  im.ctx.step_pos = nullptr;
+  std::vector<std::shared_ptr<void>> blocks = std::move(im.captured);
+  im.captured.clear();
+  CUDA_CHECK(cudaStreamEndCapture(im.ctx.stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_CHECK(err);
+  return std::make_unique<CudaDecodeGraph>(impl_.get(), exec, std::move(blocks), ids, next);
 }
 
 CudaBackend::~CudaBackend() = default;
@@ -196,9 +292,22 @@ Tensor CudaBackend::alloc(DType dtype, Shape shape) {
   t.device = Device::kCuda;
   const size_t bytes = t.nbytes();
   if (bytes == 0) return t;
-  t.owner = impl_->pool->get(bytes);
+  t.owner = impl_->get(bytes);
   t.data = t.owner.get();
   CUDA_CHECK(cudaMemsetAsync(t.data, 0, bytes, impl_->ctx.stream));
+  return t;
+}
+
+Tensor CudaBackend::scratch(DType dtype, Shape shape) {
+  for (int64_t d : shape) MOECEL_CHECK(d >= 0, "cuda scratch: negative dimension in {}", shape_str(shape));
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.device = Device::kCuda;
+  const size_t bytes = t.nbytes();
+  if (bytes == 0) return t;
+  t.owner = impl_->get(bytes);
+  t.data = t.owner.get();
   return t;
 }
 
@@ -334,6 +443,11 @@ void CudaBackend::kv_store(const Tensor& k, const Tensor& v, Tensor& k_cache, Te
                k_cache.dim(0));
   const size_t bytes = size_t(n * width) * sizeof(float);
   if (bytes == 0) return;
+  if (impl_->ctx.step_pos) {  // recording a decode graph: the row comes from the device step position
+    cuda::launch_kv_store(impl_->ctx, k.ptr<float>(), v.ptr<float>(), n, width, pos0, k_cache.dim(0),
+                          k_cache.ptr<float>(), v_cache.ptr<float>());
+    return;
+  }
   CUDA_CHECK(
       cudaMemcpyAsync(k_cache.ptr<float>() + pos0 * width, k.data, bytes, cudaMemcpyDeviceToDevice, impl_->ctx.stream));
   CUDA_CHECK(
@@ -392,6 +506,72 @@ void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
   cuda::launch_add(impl_->ctx, a.ptr<float>(), b.ptr<float>(), a.numel(), out.ptr<float>());
 }
 
+void CudaBackend::add_rms_norm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& weight, float eps,
+                               Tensor& y) {
+  check_f32(a, "add_rms_norm input");
+  check_f32(b, "add_rms_norm input");
+  check_f32(sum, "add_rms_norm sum");
+  check_f32(y, "add_rms_norm output");
+  check_dev(weight, "add_rms_norm weight");
+  const FloatType wt = float_type(weight.dtype, "add_rms_norm weight");
+  MOECEL_CHECK(a.numel() == b.numel() && a.numel() == sum.numel() && a.numel() == y.numel(),
+               "add_rms_norm: shapes {}, {}, {} and {} differ", shape_str(a.shape), shape_str(b.shape),
+               shape_str(sum.shape), shape_str(y.shape));
+  const int64_t d = weight.numel();
+  MOECEL_CHECK(d > 0, "add_rms_norm: empty weight");
+  const int64_t n = a.numel() / d;
+  check_rows(a, n, d, "add_rms_norm input");
+  check_no_overlap(a, y, "add_rms_norm");
+  check_no_overlap(b, y, "add_rms_norm");
+  check_no_overlap(sum, y, "add_rms_norm");
+  cuda::launch_add_rms_norm(impl_->ctx, a.ptr<float>(), b.ptr<float>(), sum.ptr<float>(), weight.data, wt, n, d, eps,
+                            y.ptr<float>());
+}
+
+void CudaBackend::qk_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                                     float eps, int n_heads, int n_kv_heads, int head_dim, int rot_dims, float theta,
+                                     Tensor& k_cache, Tensor& v_cache, int64_t pos0) {
+  if (rot_dims == 0) {  // nothing to rotate: the plain ops
+    Backend::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, n_heads, n_kv_heads, head_dim, rot_dims, theta, k_cache,
+                                v_cache, pos0);
+    return;
+  }
+  check_f32(q, "qk_norm_rope_store q");
+  check_f32(k, "qk_norm_rope_store k");
+  check_f32(v, "qk_norm_rope_store v");
+  check_f32(k_cache, "qk_norm_rope_store k_cache");
+  check_f32(v_cache, "qk_norm_rope_store v_cache");
+  check_dev(q_norm, "qk_norm_rope_store q_norm");
+  check_dev(k_norm, "qk_norm_rope_store k_norm");
+  const FloatType qt = float_type(q_norm.dtype, "q_norm weight"), kt = float_type(k_norm.dtype, "k_norm weight");
+  MOECEL_CHECK(n_heads > 0 && n_kv_heads > 0 && head_dim > 0, "qk_norm_rope_store: bad heads {} / {} / head_dim {}",
+               n_heads, n_kv_heads, head_dim);
+  const int64_t q_width = int64_t(n_heads) * head_dim, kv_width = int64_t(n_kv_heads) * head_dim;
+  const int64_t n = q.numel() / q_width;
+  check_rows(q, n, q_width, "qk_norm_rope_store q");
+  check_rows(k, n, kv_width, "qk_norm_rope_store k");
+  check_rows(v, n, kv_width, "qk_norm_rope_store v");
+  MOECEL_CHECK(q_norm.numel() == q_width && k_norm.numel() == kv_width,
+               "qk_norm_rope_store: norm weights of {} and {} elements, expected {} and {}", q_norm.numel(),
+               k_norm.numel(), q_width, kv_width);
+  MOECEL_CHECK(k_cache.ndim() == 2 && k_cache.dim(1) == kv_width && v_cache.shape == k_cache.shape,
+               "kv_store: caches must both be (max_positions, {}), got {} and {}", kv_width, shape_str(k_cache.shape),
+               shape_str(v_cache.shape));
+  MOECEL_CHECK(pos0 >= 0 && pos0 + n <= k_cache.dim(0), "context length {} exceeds the KV cache size {}", pos0 + n,
+               k_cache.dim(0));
+  MOECEL_CHECK(rot_dims % 2 == 0 && rot_dims > 0 && rot_dims <= head_dim, "rope: bad rotary dims {}", rot_dims);
+  const int half = rot_dims / 2;
+  MOECEL_CHECK(half <= cuda::kMaxRopeHalf, "rope: rotary dims {} above the CUDA backend's limit {}", rot_dims,
+               2 * cuda::kMaxRopeHalf);
+  MOECEL_CHECK(n <= 65535, "qk_norm_rope_store: at most 65535 tokens per call, got {}", n);
+  check_no_overlap(q, k, "qk_norm_rope_store");
+  cuda::RopeFreqs f{};
+  for (int i = 0; i < half; ++i) f.inv_freq[i] = float(std::pow(double(theta), -2.0 * i / rot_dims));
+  cuda::launch_qk_norm_rope_store(impl_->ctx, q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), q_norm.data, qt,
+                                  k_norm.data, kt, eps, n, n_heads, n_kv_heads, head_dim, half, f, pos0, k_cache.dim(0),
+                                  k_cache.ptr<float>(), v_cache.ptr<float>());
+}
+
 void CudaBackend::clamp(Tensor& x, float limit) {
   check_f32(x, "clamp");
   cuda::launch_clamp(impl_->ctx, x.ptr<float>(), x.numel(), limit);
@@ -443,6 +623,16 @@ std::vector<int32_t> CudaBackend::argmax(const Tensor& logits) {
       cudaMemcpyAsync(out.data(), buf.get(), size_t(n) * sizeof(int32_t), cudaMemcpyDeviceToHost, impl_->ctx.stream));
   impl_->sync();
   return out;
+}
+
+void CudaBackend::argmax_to(const Tensor& logits, Tensor& ids) {
+  check_f32(logits, "argmax");
+  check_dev(ids, "argmax ids");
+  MOECEL_CHECK(logits.ndim() >= 1 && logits.dim(-1) > 0, "argmax: empty rows in {}", shape_str(logits.shape));
+  const int64_t v = logits.dim(-1), n = logits.numel() / v;
+  MOECEL_CHECK(ids.dtype == DType::kI32 && ids.numel() == n, "argmax: ids must be I32 with {} elements, got {} {}", n,
+               dtype_name(ids.dtype), shape_str(ids.shape));
+  cuda::launch_argmax(impl_->ctx, logits.ptr<float>(), n, v, ids.ptr<int32_t>());
 }
 
 }  // namespace moecel

@@ -25,6 +25,7 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::kCuda; }
 
   Tensor alloc(DType dtype, Shape shape) override;
+  Tensor scratch(DType dtype, Shape shape) override;  // no memset
   Tensor to_device(const Tensor& host) override;
   using Backend::to_device;
   void to_host(const Tensor& src, void* dst) override;
@@ -40,20 +41,29 @@ class CudaBackend final : public Backend {
                  int n_kv_heads, int head_dim, float scale, int window, Tensor& out) override;
   void glu(Activation act, const Tensor& gate, const Tensor& up, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void add_rms_norm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& weight, float eps, Tensor& y) override;
+  void qk_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                          int n_heads, int n_kv_heads, int head_dim, int rot_dims, float theta, Tensor& k_cache,
+                          Tensor& v_cache, int64_t pos0) override;
   void clamp(Tensor& x, float limit) override;
   void router_topk(const Tensor& logits, RouterScoring scoring, int k, bool renormalize, Tensor& indices,
                    Tensor& weights) override;
   void moe_weighted_sum(const Tensor& y, const Tensor& weights, Tensor& out) override;
   std::vector<int32_t> argmax(const Tensor& logits) override;
+  void argmax_to(const Tensor& logits, Tensor& ids) override;
   // Waits for the stream, then throws if a kernel flagged bad input (token id / expert index out of range).
   void synchronize() override;
+  // Stream capture into a CUDA graph (see Backend::capture_decode).
+  std::unique_ptr<DecodeGraph> capture_decode(const std::function<void()>& record, const Tensor& ids,
+                                              const Tensor& next) override;
 
   // Bytes held by the caching allocator: handed out, and cached for reuse.
   size_t pool_live_bytes() const;
   size_t pool_cached_bytes() const;
 
+  struct Impl;  // named by the .cpp's helper classes (decode graphs); defined there
+
  private:
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -31,6 +31,9 @@ struct Ctx {
   unsigned* error_flag = nullptr;  // device pointer to a mapped, pinned host word (see DeviceError)
   int sm_count = 0;
   int max_smem_optin = 48 * 1024;  // bytes of dynamic shared memory one block may opt into
+  // Set while a decode graph is recorded: rope, kv_store and attention read their pos0 from this device word
+  // (written before each replay) instead of the value passed at record time.
+  const int64_t* step_pos = nullptr;
 };
 
 }  // namespace moecel::cuda

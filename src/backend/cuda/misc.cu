@@ -69,6 +69,22 @@ __global__ void __launch_bounds__(1024) argmax_kernel(const float* logits, int64
   if (threadIdx.x == 0) out[blockIdx.x] = bi < 0 ? 0 : bi;
 }
 
+// Grid-stride copy of n_tokens * width floats of k and v into the caches at row pos0 (or *step_pos).
+__global__ void __launch_bounds__(kThreads)
+    kv_store_kernel(const float* k, const float* v, int64_t n_tokens, int64_t width, int64_t pos0,
+                    const int64_t* step_pos, int64_t capacity, float* kc, float* vc) {
+  if (step_pos) pos0 = *step_pos;
+  const int64_t rows = min(n_tokens, capacity - pos0);
+  if (pos0 < 0 || rows <= 0) return;
+  const int64_t n = rows * width;
+  float* kd = kc + pos0 * width;
+  float* vd = vc + pos0 * width;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    kd[i] = k[i];
+    vd[i] = v[i];
+  }
+}
+
 unsigned elementwise_blocks(const Ctx& ctx, int64_t n) {
   const int64_t want = (n + kThreads - 1) / kThreads;
   return unsigned(std::max<int64_t>(1, std::min<int64_t>(want, int64_t(std::max(ctx.sm_count, 1)) * 32)));
@@ -95,6 +111,14 @@ void launch_add(const Ctx& ctx, const float* a, const float* b, int64_t n, float
 void launch_clamp(const Ctx& ctx, float* x, int64_t n, float limit) {
   if (n == 0) return;
   clamp_kernel<<<elementwise_blocks(ctx, n), kThreads, 0, ctx.stream>>>(x, n, limit);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_kv_store(const Ctx& ctx, const float* k, const float* v, int64_t n_tokens, int64_t width, int64_t pos0,
+                     int64_t capacity, float* k_cache, float* v_cache) {
+  if (n_tokens == 0 || width == 0) return;
+  kv_store_kernel<<<elementwise_blocks(ctx, n_tokens * width), kThreads, 0, ctx.stream>>>(
+      k, v, n_tokens, width, pos0, ctx.step_pos, capacity, k_cache, v_cache);
   CUDA_CHECK_LAUNCH();
 }
 

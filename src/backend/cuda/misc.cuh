@@ -19,6 +19,11 @@ void launch_add(const Ctx& ctx, const float* a, const float* b, int64_t n, float
 // x = clamp(x, -limit, limit) over n elements, with std::clamp's NaN behaviour (NaN stays NaN).
 void launch_clamp(const Ctx& ctx, float* x, int64_t n, float limit);
 
+// k, v (n_tokens, width) -> rows [pos0, pos0 + n_tokens) of k_cache, v_cache (capacity, width); pos0 is read
+// from ctx.step_pos when set (decode graphs). Rows past the capacity are not written.
+void launch_kv_store(const Ctx& ctx, const float* k, const float* v, int64_t n_tokens, int64_t width, int64_t pos0,
+                     int64_t capacity, float* k_cache, float* v_cache);
+
 // logits (n_rows, vocab) -> out (n_rows,) device I32: the index of each row's maximum, the lowest on ties.
 void launch_argmax(const Ctx& ctx, const float* logits, int64_t n_rows, int64_t vocab, int32_t* out);
 

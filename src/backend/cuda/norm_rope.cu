@@ -6,6 +6,9 @@ namespace moecel::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+// The fused decode kernels run one block per row: 1024 threads keep each thread's chain of dependent loads
+// short (2 per 2048-wide row), which is what their latency is made of.
+constexpr int kRowThreads = 1024;
 
 // Preconditions: blockDim.x == kThreads; one block per row. x and y may alias: every element is read by the
 // thread that writes it, and the sum of squares is complete (block_sum barrier) before any write.
@@ -23,7 +26,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // Preconditions: one block per token; half <= kMaxRopeHalf; 2 * half <= head_dim.
 __global__ void __launch_bounds__(kThreads)
-    rope_kernel(float* x, int64_t pos0, int n_heads, int head_dim, int half, RopeFreqs freqs) {
+    rope_kernel(float* x, int64_t pos0, const int64_t* step_pos, int n_heads, int head_dim, int half, RopeFreqs freqs) {
+  if (step_pos) pos0 = *step_pos;
   const int64_t t = blockIdx.x;
   float* xt = x + t * int64_t(n_heads) * head_dim;
   const float pos = float(pos0 + t);
@@ -39,7 +43,96 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// launch_add then launch_rms_norm, one row per block; every element is added, stored and squared by the same
+// thread, so aliasing sum with a or b is safe.
+__global__ void __launch_bounds__(kRowThreads)
+    add_rms_norm_kernel(const float* a, const float* b, float* sum, const void* weight, FloatType wtype, int64_t d,
+                        float eps, float* y) {
+  __shared__ float red[32];
+  const int64_t off = int64_t(blockIdx.x) * d;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < d; i += kRowThreads) {
+    const float s = a[off + i] + b[off + i];
+    sum[off + i] = s;
+    ss = fmaf(s, s, ss);
+  }
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / float(d) + eps);
+  for (int64_t i = threadIdx.x; i < d; i += kRowThreads) y[off + i] = sum[off + i] * inv * load_float(weight, wtype, i);
+}
+
+// rms_norm_kernel (with kRowThreads) then rope_kernel on one row, in place (the barrier makes the normalized row
+// visible to the threads that rotate it).
+__device__ void norm_rope_row(float* xr, const void* weight, FloatType wtype, int64_t d, float eps, float pos,
+                              int n_heads, int head_dim, int half, const RopeFreqs& freqs, float* red) {
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < d; i += kRowThreads) ss = fmaf(xr[i], xr[i], ss);
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / float(d) + eps);
+  for (int64_t i = threadIdx.x; i < d; i += kRowThreads) xr[i] = xr[i] * inv * load_float(weight, wtype, i);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < n_heads * half; idx += kRowThreads) {
+    const int h = idx / half, i = idx % half;
+    const float ang = pos * freqs.inv_freq[i];
+    float s, c;
+    sincosf(ang, &s, &c);
+    float* v = xr + int64_t(h) * head_dim;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c - b * s;
+    v[i + half] = b * c + a * s;
+  }
+}
+
+// Preconditions: blockDim.x == kRowThreads; grid (n_tokens, 2); half > 0.
+__global__ void __launch_bounds__(kRowThreads)
+    qk_norm_rope_store_kernel(float* q, float* k, const float* v, const void* q_norm, FloatType q_wtype,
+                              const void* k_norm, FloatType k_wtype, float eps, int n_heads, int n_kv_heads,
+                              int head_dim, int half, RopeFreqs freqs, int64_t pos0, const int64_t* step_pos,
+                              int64_t capacity, float* kc, float* vc) {
+  __shared__ float red[32];
+  if (step_pos) pos0 = *step_pos;
+  const int64_t t = blockIdx.x;
+  const int64_t q_width = int64_t(n_heads) * head_dim, kv_width = int64_t(n_kv_heads) * head_dim;
+  const float pos = float(pos0 + t);
+  if (blockIdx.y == 0) {
+    norm_rope_row(q + t * q_width, q_norm, q_wtype, q_width, eps, pos, n_heads, head_dim, half, freqs, red);
+    return;
+  }
+  float* kr = k + t * kv_width;
+  norm_rope_row(kr, k_norm, k_wtype, kv_width, eps, pos, n_kv_heads, head_dim, half, freqs, red);
+  __syncthreads();
+  const int64_t row = pos0 + t;
+  if (row < 0 || row >= capacity) return;
+  const float* vr = v + t * kv_width;
+  for (int64_t i = threadIdx.x; i < kv_width; i += kRowThreads) {
+    kc[row * kv_width + i] = kr[i];
+    vc[row * kv_width + i] = vr[i];
+  }
+}
+
 }  // namespace
+
+void launch_add_rms_norm(const Ctx& ctx, const float* a, const float* b, float* sum, const void* weight,
+                         FloatType wtype, int64_t n_rows, int64_t d, float eps, float* y) {
+  if (n_rows == 0 || d == 0) return;
+  CUDA_REQUIRE(n_rows < (int64_t(1) << 31), "add_rms_norm: too many rows");
+  add_rms_norm_kernel<<<unsigned(n_rows), kRowThreads, 0, ctx.stream>>>(a, b, sum, weight, wtype, d, eps, y);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_qk_norm_rope_store(const Ctx& ctx, float* q, float* k, const float* v, const void* q_norm,
+                               FloatType q_wtype, const void* k_norm, FloatType k_wtype, float eps, int64_t n_tokens,
+                               int n_heads, int n_kv_heads, int head_dim, int half, const RopeFreqs& freqs,
+                               int64_t pos0, int64_t capacity, float* k_cache, float* v_cache) {
+  if (n_tokens == 0) return;
+  CUDA_REQUIRE(half > 0 && half <= kMaxRopeHalf && 2 * half <= head_dim, "qk_norm_rope_store: bad rotary dims");
+  CUDA_REQUIRE(n_tokens <= 65535, "qk_norm_rope_store: too many tokens");
+  const dim3 grid{unsigned(n_tokens), 2u};
+  qk_norm_rope_store_kernel<<<grid, kRowThreads, 0, ctx.stream>>>(q, k, v, q_norm, q_wtype, k_norm, k_wtype, eps,
+                                                                  n_heads, n_kv_heads, head_dim, half, freqs, pos0,
+                                                                  ctx.step_pos, capacity, k_cache, v_cache);
+  CUDA_CHECK_LAUNCH();
+}
 
 void launch_rms_norm(const Ctx& ctx, const float* x, const void* weight, FloatType wtype, int64_t n_rows, int64_t d,
                      float eps, float* y) {
@@ -54,7 +147,7 @@ void launch_rope(const Ctx& ctx, float* x, int64_t n_tokens, int64_t pos0, int n
   if (n_tokens == 0 || half == 0 || n_heads == 0) return;
   CUDA_REQUIRE(half > 0 && half <= kMaxRopeHalf && 2 * half <= head_dim, "rope: bad rotary dims");
   CUDA_REQUIRE(n_tokens < (int64_t(1) << 31), "rope: too many tokens");
-  rope_kernel<<<unsigned(n_tokens), kThreads, 0, ctx.stream>>>(x, pos0, n_heads, head_dim, half, freqs);
+  rope_kernel<<<unsigned(n_tokens), kThreads, 0, ctx.stream>>>(x, pos0, ctx.step_pos, n_heads, head_dim, half, freqs);
   CUDA_CHECK_LAUNCH();
 }
 

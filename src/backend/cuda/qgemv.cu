@@ -94,6 +94,34 @@ __device__ __forceinline__ const float* pair_x(const GemvArgs& a, int64_t p) {
   return a.x + (a.map.x_per_slot ? p : p / a.map.k) * a.w.in;
 }
 
+// Stages x (in floats, in % 32 == 0) into xs in the padded chunk layout. With float4 loads, each thread's
+// loads are all issued before its stores: a plain loop would be a chain of dependent global-load latencies.
+__device__ __forceinline__ void stage_x(const float* x, int64_t in, float* xs) {
+  if ((reinterpret_cast<uintptr_t>(x) & 15) != 0) {
+    for (int64_t i = threadIdx.x; i < in; i += kThreads) xs[(i / kChunk) * kChunkPad + i % kChunk] = x[i];
+    return;
+  }
+  constexpr int kUnroll = 4;
+  const int64_t n4 = in / 4;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  for (int64_t base = threadIdx.x; base < n4; base += int64_t(kThreads) * kUnroll) {
+    float4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i4 = base + int64_t(u) * kThreads;
+      if (i4 < n4) v[u] = x4[i4];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i4 = base + int64_t(u) * kThreads;
+      if (i4 < n4) {
+        const int64_t i = i4 * 4;  // a float4 never straddles a chunk; chunk starts are 16-byte aligned (144 B)
+        *reinterpret_cast<float4*>(xs + (i / kChunk) * kChunkPad + i % kChunk) = v[u];
+      }
+    }
+  }
+}
+
 // Preconditions (checked by launch_gemv): blockDim.x == kThreads; w.in % 32 == 0; w.group_size % 32 == 0;
 // w.w 16-byte aligned; dynamic shared memory (in / 32) * kChunkPad floats.
 template <int BITS, typename ST>
@@ -104,21 +132,45 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
   const int64_t expert = pair_expert(a, p);
   if (expert < 0) return;
   const int64_t in = a.w.in, out = a.w.out, n_chunks = in / kChunk;
-  const float* x = pair_x(a, p);
-  for (int64_t i = threadIdx.x; i < in; i += kThreads) xs[(i / kChunk) * kChunkPad + i % kChunk] = x[i];
-  __syncthreads();
-
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
-  if (row >= out) return;
-  const int64_t r = expert * out + row;  // row of the flattened (n_stack * out, ...) weight
+  const bool live = row < out;
+  const int64_t r = expert * out + (live ? row : 0);  // row of the flattened (n_stack * out, ...) weight
   const int64_t groups = in / a.w.group_size;
   const int chunks_per_group = a.w.group_size / kChunk;
   const uint32_t* wrow = static_cast<const uint32_t*>(a.w.w) + r * n_chunks * BITS;
   const ST* srow = static_cast<const ST*>(a.w.scales) + r * groups;
   const ST* brow = a.w.biases ? static_cast<const ST*>(a.w.biases) + r * groups : nullptr;
+  // The lane's first kPrefetch chunks (words, scale, bias) are loaded before x is staged, so their latency
+  // overlaps the staging; they are consumed first, in the same order as the loop below (same sums).
+  constexpr int kPrefetch = 2;
+  uint32_t pw[kPrefetch][BITS];
+  float ps[kPrefetch], pb[kPrefetch];
+#pragma unroll
+  for (int k = 0; k < kPrefetch; ++k) {
+    const int64_t c = lane + 32 * k;
+    if (live && c < n_chunks) {
+      load_chunk<BITS>(wrow + c * BITS, pw[k]);
+      const int64_t g = c / chunks_per_group;
+      ps[k] = to_f32(srow[g]);
+      pb[k] = brow ? to_f32(brow[g]) : 0.0f;
+    }
+  }
+  stage_x(pair_x(a, p), in, xs);
+  __syncthreads();
+  if (!live) return;
+
   float acc = 0.0f;
-  for (int64_t c = lane; c < n_chunks; c += 32) {
+#pragma unroll
+  for (int k = 0; k < kPrefetch; ++k) {
+    const int64_t c = lane + 32 * k;
+    if (c < n_chunks) {
+      float xsum;
+      const float qx = chunk_dot<BITS>(pw[k], xs + c * kChunkPad, xsum);
+      acc = fmaf(ps[k], qx, fmaf(pb[k], xsum, acc));
+    }
+  }
+  for (int64_t c = lane + 32 * kPrefetch; c < n_chunks; c += 32) {
     uint32_t wd[BITS];
     load_chunk<BITS>(wrow + c * BITS, wd);
     const int64_t g = c / chunks_per_group;
