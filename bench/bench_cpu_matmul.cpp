@@ -1,7 +1,7 @@
 // Benchmark of the CPU matmul kernels at OLMoE-1B-7B shapes (4-bit, group 64, F16 scales): validates every
 // case against an f64 reference first, then times decode (1 token: GB/s of weights streamed from memory)
 // and prefill (512 tokens: GFLOP/s) with 1 and 2 threads, and estimates whole-model tokens per second.
-// Usage: bench_cpu_matmul [--quick] [--pool-mb N]   (MOECEL_CPU_SIMD=avx2|scalar caps the kernels)
+// Usage: bench_cpu_matmul [--quick] [--pool-mb N] [--threads N]   (MOECEL_CPU_SIMD=avx2|scalar caps the kernels)
 #include <time.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -343,6 +343,7 @@ double load_average() {
 int main(int argc, char** argv) {
   bool quick = false;
   size_t pool_mb = 1280;
+  std::vector<int> thread_counts = {1, 2};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") {
@@ -350,8 +351,10 @@ int main(int argc, char** argv) {
       pool_mb = 512;
     } else if (a == "--pool-mb" && i + 1 < argc) {
       pool_mb = size_t(std::max(256, std::atoi(argv[++i])));
+    } else if (a == "--threads" && i + 1 < argc) {
+      thread_counts = {std::max(1, std::atoi(argv[++i]))};
     } else {
-      std::fprintf(stderr, "usage: bench_cpu_matmul [--quick] [--pool-mb N]\n");
+      std::fprintf(stderr, "usage: bench_cpu_matmul [--quick] [--pool-mb N] [--threads N]\n");
       return 2;
     }
   }
@@ -359,10 +362,10 @@ int main(int argc, char** argv) {
     std::printf("bench_cpu_matmul: OLMoE-1B-7B shapes, %d-bit group %d, F16 scales; kernels %s; weight pool %zu MB\n",
                 kBits, kGroup, cpu::simd_level_name(cpu::simd_level()), pool_mb);
     Pool pool(pool_mb << 20);
-    for (int threads : {1, 2}) {
+    for (int threads : thread_counts) {
       set_num_threads(threads);
       std::printf("threads=%d (load average %.2f)\n", threads, load_average());
-      Times t = run_all(pool, quick ? 0.3 : 1.0, threads == 1);
+      Times t = run_all(pool, quick ? 0.3 : 1.0, threads == thread_counts[0]);
       if (g_failures) {
         std::printf("%d validation failures\n", g_failures);
         return 1;

@@ -115,7 +115,7 @@ std::vector<float> random_x(int64_t n, uint32_t seed) {
   return x;
 }
 
-// Compares y against the f64 dot of slice e with x; returns the worst error / bound ratio.
+// Checks every y[r] against the f64 dot of row r of slice e with x, within kTol of the magnitude of the terms.
 void expect_dot(const TestWeight& tw, int64_t e, const float* x, const float* y, const std::string& what) {
   for (int64_t r = 0; r < tw.w.out; ++r) {
     double ref = 0, mag = 0;
