@@ -84,6 +84,7 @@ void run_generate(const GenerateArgs& a) {
       std::fwrite(rest.data(), 1, rest.size(), stdout);
     }
     std::printf("\n");
+    std::fflush(stdout);  // keep the text and the stats line on separate lines when both go to one terminal
     std::fprintf(stderr, "prompt: %zu tokens, %.1f tok/s | generated: %zu tokens, %.1f tok/s | stop: %s\n",
                  prompt.size(), prefill_tps, r.output_ids.size(), decode_tps, r.stop_reason.c_str());
   }

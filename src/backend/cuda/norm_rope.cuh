@@ -29,8 +29,8 @@ void launch_add_rms_norm(const Ctx& ctx, const float* a, const float* b, float* 
 
 // The attention prologue in one launch, grid (n_tokens, 2): block y = 0 takes the q row, 1 the k row. Each is
 // normalized in place over its full width (q_width = n_heads * head_dim, kv_width = n_kv_heads * head_dim) like
-// launch_rms_norm (1024 threads per row), then roped as launch_rope does; the k block then writes the k and v rows to cache row
-// pos0 + t (pos0 from ctx.step_pos when set; rows past capacity are skipped).
+// launch_rms_norm (1024 threads per row), then roped as launch_rope does; the k block then writes the k and v rows to
+// cache row pos0 + t (pos0 from ctx.step_pos when set; rows past capacity are skipped).
 void launch_qk_norm_rope_store(const Ctx& ctx, float* q, float* k, const float* v, const void* q_norm,
                                FloatType q_wtype, const void* k_norm, FloatType k_wtype, float eps, int64_t n_tokens,
                                int n_heads, int n_kv_heads, int head_dim, int half, const RopeFreqs& freqs,
