@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "cli_runner.h"
+#include "compare.h"
 #include "io/npy.h"
 #include "models/registry.h"
 #include "runtime/generate.h"
@@ -73,12 +74,7 @@ TEST_F(Bundled, TeacherForcedLogits) {
     for (int64_t t = 0; t < want.shape[0]; ++t) {
       const float* a = got.data() + t * vocab;
       const float* b = want.data.data() + t * vocab;
-      double num = 0, den = 0;
-      for (int64_t i = 0; i < vocab; ++i) {
-        num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-        den += double(b[i]) * b[i];
-      }
-      EXPECT_LT(std::sqrt(num / den), 1e-4) << "position " << t;
+      EXPECT_LT(test::rel_l2(a, b, size_t(vocab)), 1e-4) << "position " << t;
       EXPECT_EQ(std::max_element(a, a + vocab) - a, std::max_element(b, b + vocab) - b) << "position " << t;
     }
   }

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
+#include "compare.h"
 #include "io/npy.h"
 
 namespace moecel {
@@ -56,12 +57,7 @@ TEST_P(Golden, TeacherForcedLogits) {
   for (int64_t t = 0; t < n; ++t) {
     const float* a = got.data.data() + t * vocab;
     const float* b = want.data.data() + t * vocab;
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-      den += double(b[i]) * b[i];
-    }
-    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    const double rel = test::rel_l2(a, b, size_t(vocab));
     worst = std::max(worst, rel);
     EXPECT_LT(rel, 1e-4) << "position " << t;
     EXPECT_EQ(std::max_element(a, a + vocab) - a, std::max_element(b, b + vocab) - b) << "argmax at position " << t;

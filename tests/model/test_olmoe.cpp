@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "cli_runner.h"
+#include "compare.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
 #include "models/test_model.h"
@@ -19,15 +20,6 @@ std::vector<float> to_vector(Backend& be, const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
   be.to_host(t, v.data());
   return v;
-}
-
-double rel_l2(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 class OlmoeTiny : public ::testing::TestWithParam<int> {};
@@ -58,7 +50,7 @@ TEST_P(OlmoeTiny, DecodeWithCacheEqualsFullForward) {
   for (size_t t = 0; t < ids.size(); ++t) {
     const float* a = step.data() + t * size_t(vocab);
     const float* b = full.data() + t * size_t(vocab);
-    EXPECT_LT(rel_l2(a, b, size_t(vocab)), 1e-4) << "position " << t;
+    EXPECT_LT(test::rel_l2(a, b, size_t(vocab)), 1e-4) << "position " << t;
     EXPECT_EQ(std::max_element(a, a + vocab) - a, std::max_element(b, b + vocab) - b) << "position " << t;
   }
   for (float v : full) ASSERT_TRUE(std::isfinite(v));

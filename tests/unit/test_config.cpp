@@ -7,23 +7,13 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "expect_error.h"
 #include "io/config.h"
 
 namespace moecel {
 namespace {
 
 using nlohmann::json;
-
-template <class F>
-void expect_error(F&& f, const std::string& substring) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing '" << substring << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(substring), std::string::npos)
-        << "error was: " << e.what() << "\nexpected it to contain: " << substring;
-  }
-}
 
 ModelConfig cfg(const char* text) {
   return ModelConfig::from_json(json::parse(text));

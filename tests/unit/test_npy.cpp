@@ -8,23 +8,13 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "expect_error.h"
 #include "io/npy.h"
 
 namespace moecel {
 namespace {
 
 namespace fs = std::filesystem;
-
-template <class F>
-void expect_error(F&& f, const std::string& substring) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing '" << substring << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(substring), std::string::npos)
-        << "error was: " << e.what() << "\nexpected it to contain: " << substring;
-  }
-}
 
 std::string golden(const std::string& name) {
   return std::string(MOECEL_SOURCE_DIR) + "/tests/golden/npy/" + name;

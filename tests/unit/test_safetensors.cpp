@@ -10,23 +10,13 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "expect_error.h"
 #include "io/safetensors.h"
 
 namespace moecel {
 namespace {
 
 namespace fs = std::filesystem;
-
-template <class F>
-void expect_error(F&& f, const std::string& substring) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing '" << substring << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(substring), std::string::npos)
-        << "error was: " << e.what() << "\nexpected it to contain: " << substring;
-  }
-}
 
 class TempDir {
  public:

@@ -285,21 +285,13 @@ void CudaBackend::synchronize() {
 // ---- memory ----
 
 Tensor CudaBackend::alloc(DType dtype, Shape shape) {
-  for (int64_t d : shape) MOECEL_CHECK(d >= 0, "cuda alloc: negative dimension in {}", shape_str(shape));
-  Tensor t;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.device = Device::kCuda;
-  const size_t bytes = t.nbytes();
-  if (bytes == 0) return t;
-  t.owner = impl_->get(bytes);
-  t.data = t.owner.get();
-  CUDA_CHECK(cudaMemsetAsync(t.data, 0, bytes, impl_->ctx.stream));
+  Tensor t = scratch(dtype, std::move(shape));
+  if (t.data) CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), impl_->ctx.stream));
   return t;
 }
 
 Tensor CudaBackend::scratch(DType dtype, Shape shape) {
-  for (int64_t d : shape) MOECEL_CHECK(d >= 0, "cuda scratch: negative dimension in {}", shape_str(shape));
+  for (int64_t d : shape) MOECEL_CHECK(d >= 0, "cuda alloc: negative dimension in {}", shape_str(shape));
   Tensor t;
   t.dtype = dtype;
   t.shape = std::move(shape);
