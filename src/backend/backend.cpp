@@ -31,3 +31,29 @@ std::unique_ptr<Backend> make_backend(std::string_view name) {
 }
 
 }  // namespace moecel
+
+namespace moecel {
+
+void Backend::fused_moe(const LinearWeight&, const LinearWeight&, const LinearWeight&, Activation, const Tensor&,
+                        const Tensor&, const Tensor&, Tensor&) {
+  fail("backend '{}' has no fused decode-MoE path", name());
+}
+
+}  // namespace moecel
+
+namespace moecel {
+
+// Family ops a backend may lack: a clear error instead of a wrong result.
+void Backend::add_bias(Tensor&, const Tensor&) {
+  fail("backend '{}' has no add_bias op (needed by qwen2_moe attention biases)", name());
+}
+
+void Backend::add_sigmoid_gated(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  fail("backend '{}' has no add_sigmoid_gated op (needed by qwen2_moe shared experts)", name());
+}
+
+void Backend::router_grouped_topk(const Tensor&, const Tensor&, int, int, int, bool, float, Tensor&, Tensor&) {
+  fail("backend '{}' has no router_grouped_topk op (needed by dots1 routing)", name());
+}
+
+}  // namespace moecel

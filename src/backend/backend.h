@@ -100,6 +100,15 @@ class Backend {
     rope(k, pos0, n_kv_heads, head_dim, rot_dims, theta);
     kv_store(k, v, k_cache, v_cache, pos0);
   }
+  // ---- the fused single-token decode-MoE path (DESIGN.md section 5; gating lives in SwitchGLU) ----
+  // Largest moe_intermediate_size the fused path takes on this backend by default (0: no fused path).
+  virtual int64_t fused_moe_default_max_dff() const { return 0; }
+  // out (1, hidden) = sum_j weights[j] * down[e_j] @ act(gate[e_j] @ x, up[e_j] @ x), e_j = indices[j], with
+  // f32 intermediates and partials, the k partials summed in order j = 0..k-1, one final write.
+  // gate, up (n_experts, ffn, hidden); down (n_experts, hidden, ffn); x (1, hidden); indices I32 (1, k);
+  // weights F32 (1, k). Only called for weights SwitchGLU found eligible.
+  virtual void fused_moe(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
+                         const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& out);
   // logits (n_tokens, vocab) -> ids I32 (n_tokens,) on this device, without waiting for the host.
   virtual void argmax_to(const Tensor& logits, Tensor& ids) {
     const std::vector<int32_t> v = argmax(logits);
@@ -120,6 +129,24 @@ class Backend {
     (void)record, (void)ids, (void)next;
     return nullptr;
   }
+
+  // ---- ops of the qwen2_moe, qwen3_moe and dots1 blocks (CPU: cpu/bias_router_ops.cpp; CUDA: bias_ops.cu,
+  // router_grouped.cu) ----
+  // x (n_tokens, d) += bias (d,) on every row, in place; bias F32/F16/BF16 (a linear layer's bias).
+  virtual void add_bias(Tensor& x, const Tensor& bias);
+  // out (n_tokens, d) = a + sigmoid(gate[t]) * b with gate (n_tokens, 1): a shared expert b scaled by its sigmoid
+  // gate (qwen2_moe), added to the routed experts' output a. out may alias a or b.
+  virtual void add_sigmoid_gated(const Tensor& a, const Tensor& gate, const Tensor& b, Tensor& out);
+  // Grouped sigmoid routing with a correction bias that only selects (dots1, like DeepSeek-V3's "noaux_tc"), f32:
+  //   s = sigmoid(logits), c = s + correction_bias; the n_experts form n_group equal groups in index order, a
+  //   group scores the sum of its two largest c, and only the topk_group best groups stay (all of them when
+  //   topk_group >= n_group); the k largest c of the kept experts are selected, highest first, the lower index
+  //   winning a tie (groups too); weights = s of the selected, divided by (their sum + 1e-20) when renormalize,
+  //   then times scale.
+  // logits (n_tokens, n_experts); correction_bias (n_experts,) F32/F16/BF16 -> indices I32 (n_tokens, k),
+  // weights F32 (n_tokens, k).
+  virtual void router_grouped_topk(const Tensor& logits, const Tensor& correction_bias, int n_group, int topk_group,
+                                   int k, bool renormalize, float scale, Tensor& indices, Tensor& weights);
 };
 
 // "cpu" or "cuda"; throws moecel::Error naming the choices for anything else or an unavailable backend.

@@ -13,6 +13,7 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "models/moe_dispatch.h"
 #include "models/registry.h"
 #include "runtime/generate.h"
 
@@ -48,9 +49,32 @@ double time_tg(Model& m, KvCache& cache, GreedyStepper& stepper, int n, int32_t 
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// --fused-moe for bench: a comma-separated list of on/off values; each tg test runs once per value.
+std::vector<bool> fused_values(const std::string& list) {
+  if (list.empty()) return {fused_moe_settings().enabled};
+  std::vector<bool> v;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t end = std::min(list.find(',', pos), list.size());
+    v.push_back(parse_on_off(list.substr(pos, end - pos).c_str(), "--fused-moe"));
+    pos = end + 1;
+  }
+  return v;
+}
+
+// What the MoE blocks of a decode run took, from the dispatch counts (not from the setting).
+std::string moe_path(const moe_trace::Counts& before, const moe_trace::Counts& after) {
+  const int64_t f = after.fused - before.fused, g = after.gather - before.gather;
+  if (f == 0 && g == 0) return "-";
+  return g == 0 ? "fused" : f == 0 ? "gather" : "mixed";
+}
+
 void run_bench(const BenchArgs& a) {
   MOECEL_CHECK(a.reps >= 1, "-r must be >= 1, got {}", a.reps);
-  auto backend = make_backend(a.common);
+  const std::vector<bool> fused = fused_values(a.common.fused_moe);
+  CommonOptions common = a.common;
+  common.fused_moe.clear();
+  auto backend = make_backend(common);
   const std::string dir = model_dir(a.common);
   auto model = load_model(dir, *backend);
   const ModelInfo& info = model->info();
@@ -61,6 +85,7 @@ void run_bench(const BenchArgs& a) {
     std::string test;
     int n;
     std::vector<double> tps;
+    std::string moe = "-";  // tg: the path the MoE blocks took
   };
   std::vector<Row> rows;
   for (int p : a.prompt) {
@@ -74,19 +99,26 @@ void run_bench(const BenchArgs& a) {
   }
   for (int n : a.gen) {
     if (n <= 0) continue;
-    KvCache cache = model->make_cache(n);
-    GreedyStepper stepper(*model, cache);
-    time_tg(*model, cache, stepper, std::min(n, 16), tok(rng));  // warm-up (records the decode graph)
-    Row r{fmt::format("tg{}", n), n, {}};
-    for (int i = 0; i < a.reps; ++i) r.tps.push_back(n / time_tg(*model, cache, stepper, n, tok(rng)));
-    rows.push_back(r);
+    for (bool on : fused) {
+      FusedMoeSettings s = fused_moe_settings();
+      s.enabled = on;
+      set_fused_moe_settings(s);
+      KvCache cache = model->make_cache(n);
+      GreedyStepper stepper(*model, cache);                        // a new stepper: a recorded graph bakes in the path
+      time_tg(*model, cache, stepper, std::min(n, 16), tok(rng));  // warm-up (records the decode graph)
+      Row r{fmt::format("tg{}", n), n, {}};
+      const moe_trace::Counts before = moe_trace::totals();
+      for (int i = 0; i < a.reps; ++i) r.tps.push_back(n / time_tg(*model, cache, stepper, n, tok(rng)));
+      r.moe = moe_path(before, moe_trace::totals());
+      rows.push_back(r);
+    }
   }
 
   const double gb_per_token = double(info.active_bytes_per_token) / 1e9;
   nlohmann::json out = nlohmann::json::array();
   if (!a.json) {
-    std::printf("| model | size | backend | threads | test | t/s | GB/s |\n");
-    std::printf("| --- | ---: | --- | ---: | --- | ---: | ---: |\n");
+    std::printf("| model | size | backend | threads | moe | test | t/s | GB/s |\n");
+    std::printf("| --- | ---: | --- | ---: | --- | --- | ---: | ---: |\n");
   }
   for (const Row& r : rows) {
     double mean = 0, var = 0;
@@ -104,6 +136,7 @@ void run_bench(const BenchArgs& a) {
                      {"backend", a.common.backend},
                      {"threads", num_threads()},
                      {"test", r.test},
+                     {"moe_path", r.moe},
                      {"n_tokens", r.n},
                      {"reps", r.tps.size()},
                      {"tokens_per_second", r.tps},
@@ -111,9 +144,9 @@ void run_bench(const BenchArgs& a) {
                      {"stddev_ts", sd},
                      {"gb_per_second", gbs}});
     } else {
-      std::printf("| %s | %.2f GiB | %s | %d | %s | %.2f ± %.2f | %.1f |\n", info.model_type.c_str(),
+      std::printf("| %s | %.2f GiB | %s | %d | %s | %s | %.2f ± %.2f | %.1f |\n", info.model_type.c_str(),
                   double(info.weight_bytes) / double(1ull << 30), a.common.backend.c_str(), num_threads(),
-                  r.test.c_str(), mean, sd, gbs);
+                  r.moe.c_str(), r.test.c_str(), mean, sd, gbs);
     }
   }
   if (a.json) std::printf("%s\n", out.dump(2).c_str());

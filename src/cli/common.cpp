@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "models/moe_dispatch.h"
 
 namespace moecel::cli {
 
@@ -17,10 +18,17 @@ void add_common_options(CLI::App* sub, CommonOptions& o, bool with_model) {
   }
   sub->add_option("--backend", o.backend, "Compute backend: cpu or cuda")->default_val("cpu");
   sub->add_option("-t,--threads", o.threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
+  sub->add_option("--fused-moe", o.fused_moe,
+                  "Fused single-token decode-MoE path: on or off (default on; env MOECEL_FUSED_MOE)");
 }
 
 std::unique_ptr<Backend> make_backend(const CommonOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
+  if (!o.fused_moe.empty()) {
+    FusedMoeSettings s = fused_moe_settings();
+    s.enabled = parse_on_off(o.fused_moe.c_str(), "--fused-moe");
+    set_fused_moe_settings(s);
+  }
   return moecel::make_backend(o.backend);
 }
 

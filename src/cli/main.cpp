@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "models/moe_dispatch.h"
 
 namespace moecel::cli {
 void register_generate(CLI::App& app);
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   register_tokenize(app);
   register_detokenize(app);
   try {
+    moecel::moe_trace::install_from_env();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -12,6 +12,17 @@
 
 namespace moecel {
 
+std::string json_error_message(const nlohmann::json::exception& e) {
+  // nlohmann quotes the bytes it last read verbatim, so a non-UTF-8 file would put raw invalid bytes into the
+  // message: non-ASCII bytes are shown as \xNN.
+  std::string msg;
+  for (const char* p = e.what(); *p; ++p) {
+    const auto b = static_cast<unsigned char>(*p);
+    msg += b < 0x80 ? std::string(1, *p) : fmt::format("\\x{:02X}", b);
+  }
+  return msg;
+}
+
 nlohmann::json parse_json_strict(std::string_view text, const std::string& what, int max_depth) {
   using nlohmann::json;
   // One key set per open object; keys always belong to the innermost open object.
@@ -37,7 +48,7 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& what,
   try {
     return json::parse(text.begin(), text.end(), callback);
   } catch (const json::exception& e) {
-    fail("{}: invalid JSON: {}", what, e.what());
+    fail("{}: invalid JSON: {}", what, json_error_message(e));
   }
 }
 

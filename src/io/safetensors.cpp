@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "io/json_parse.h"
+#include "io/memory_check.h"
 
 namespace moecel {
 namespace {
@@ -59,6 +60,10 @@ struct Entry {
 Entry parse_entry(const std::string& path, const std::string& name, const json& v) {
   auto bad = [&](const std::string& what) { fail("{}: tensor '{}': {}", path, name, what); };
   if (name.empty()) fail("{}: header has a tensor with an empty name", path);
+  // Names go into one-line error messages; no real checkpoint has a newline or other control character in one.
+  if (std::any_of(name.begin(), name.end(), [](char c) { return uint8_t(c) < 0x20 || c == 0x7f; })) {
+    fail("{}: tensor name {} contains a control character", path, json(name).dump());
+  }
   if (!v.is_object()) bad(fmt::format("expected an object {{dtype, shape, data_offsets}}, got {}", json_brief(v)));
   for (const auto& [key, _] : v.items()) {
     if (key != "dtype" && key != "shape" && key != "data_offsets") bad(fmt::format("unexpected key '{}'", key));
@@ -198,6 +203,13 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
       fail("{}: tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", path, a.name, a.begin, a.end, b.name, b.begin, b.end);
     }
   }
+
+  // Misaligned tensors are copied below: a file whose copies cannot fit fails here, before allocating.
+  uint64_t copy_bytes = 0;
+  for (const Entry& e : entries) {
+    if ((data_start + e.begin) % dtype_size(e.dtype) != 0) copy_bytes += e.end - e.begin;  // <= file size
+  }
+  if (copy_bytes > 0) check_memory_fits(copy_bytes, fmt::format("{}: copying its misaligned tensors", path));
 
   for (const Entry& e : entries) {
     Tensor t;

@@ -6,15 +6,23 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "io/memory_check.h"
+#include "runtime/progress.h"
 
 namespace moecel {
 
 const Architecture& olmoe_architecture();
+const Architecture& qwen2_moe_architecture();
+const Architecture& qwen3_moe_architecture();
+const Architecture& mixtral_architecture();
+const Architecture& dots1_architecture();
 
 namespace {
 
 const std::vector<const Architecture*>& all() {
-  static const std::vector<const Architecture*> archs = {&olmoe_architecture()};
+  static const std::vector<const Architecture*> archs = {&olmoe_architecture(), &qwen2_moe_architecture(),
+                                                         &qwen3_moe_architecture(), &mixtral_architecture(),
+                                                         &dots1_architecture()};
   return archs;
 }
 
@@ -38,7 +46,14 @@ std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend) {
   ModelConfig config = ModelConfig::load(dir);
   const Architecture& arch = find_architecture(config.model_type());
   WeightStore store = WeightStore::open_folder(dir);
-  return arch.load(ModelContext{config, store, backend});
+  // CPU weights stay resident (mmap views or aligned copies); a device backend checks its own memory.
+  if (backend.name() == "cpu") check_memory_fits(store_tensor_bytes(store), "model folder " + dir);
+  // Uploading a large checkpoint to a device takes seconds: a progress line on stderr (terminals only).
+  ByteProgress progress("loading weights", backend.device() == Device::kCpu ? 0 : store_tensor_bytes(store));
+  ScopedLoadProgress scope(progress);
+  std::unique_ptr<Model> model = arch.load(ModelContext{config, store, backend});
+  progress.finish();
+  return model;
 }
 
 }  // namespace moecel

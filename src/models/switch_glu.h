@@ -20,10 +20,19 @@ class SwitchGLU {
   // Bytes of one expert's three projections (what one selected expert costs a decode step).
   size_t bytes_per_expert() const;
 
-  // The gather path (reference and fallback): per (token, expert) products, activation, down product,
-  // then the weighted sum.
+  // The MoE block's experts: one token takes the fused path when fused_eligible, anything else the gather
+  // path. Each call is one dispatch for the trace (moe_dispatch.h).
   // x (n_tokens, hidden_size); indices I32 (n_tokens, k); weights F32 (n_tokens, k) -> (n_tokens, hidden_size)
   Tensor forward(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights) const;
+  // The gather path (reference and fallback): per (token, expert) products, activation, down product,
+  // then the weighted sum. Same shapes as forward.
+  Tensor forward_gather(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights) const;
+  // The fused single-token decode path (DESIGN.md section 5): x (1, hidden_size), indices and weights (1, k).
+  Tensor forward_fused(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights) const;
+  // Whether a single token may take the fused path on `be` with the current settings: the flag on, affine
+  // quantized gate/up/down with biases, gate and up bits equal and in {4, 8}, down bits in {4, 6, 8}, one group
+  // size and scale dtype for all three, ffn_size <= the max-Dff cap, and ffn_size % 16 == 0 for 6-bit down.
+  bool fused_eligible(const Backend& be) const;
 
  private:
   SwitchWeights w_;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "runtime/progress.h"
 
 namespace moecel {
 namespace {
@@ -63,14 +64,18 @@ LinearWeight WeightLoader::load(const std::string& prefix, Shape logical, bool s
 }
 
 LinearWeight WeightLoader::linear(const std::string& prefix, int64_t out, int64_t in) {
-  return backend_.to_device(load(prefix, {out, in}, false));
+  LinearWeight w = backend_.to_device(load(prefix, {out, in}, false));
+  report_load_bytes(w.total_bytes());
+  return w;
 }
 
 Tensor WeightLoader::vector(const std::string& name, int64_t d) {
   const Tensor& t = store_.get(name);
   MOECEL_CHECK(is_float(t.dtype) && t.shape == Shape{d}, "tensor {}: expected a float vector {}, got {} {}", name,
                shape_str({d}), dtype_name(t.dtype), shape_str(t.shape));
-  return backend_.to_device(t);
+  Tensor on_device = backend_.to_device(t);
+  report_load_bytes(t.nbytes());
+  return on_device;
 }
 
 SwitchWeights WeightLoader::experts(const std::string& mlp_prefix, int64_t n_experts, int64_t hidden, int64_t ffn,
@@ -123,9 +128,10 @@ SwitchWeights WeightLoader::experts(const std::string& mlp_prefix, int64_t n_exp
     fail("missing experts of {}: expected {}{}.weight (stacked), {}gate_up_proj (fused) or {}0.{}.weight (per expert)",
          mlp_prefix, sp, names.gate, ep, ep, names.gate);
   }
-  sw.gate = backend_.to_device(sw.gate);
-  sw.up = backend_.to_device(sw.up);
-  sw.down = backend_.to_device(sw.down);
+  for (LinearWeight* w : {&sw.gate, &sw.up, &sw.down}) {
+    *w = backend_.to_device(*w);
+    report_load_bytes(w->total_bytes());
+  }
   return sw;
 }
 

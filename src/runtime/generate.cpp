@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "models/moe_dispatch.h"
 
 namespace moecel {
 namespace {
@@ -39,20 +40,24 @@ int32_t GreedyStepper::step(int32_t id) {
     ids_ = be.alloc(DType::kI32, {1});
     next_ = be.alloc(DType::kI32, {1});
     const int64_t len = cache_.length;
+    moe_trace::Recording recording;  // the graph's MoE dispatches, counted once per replay
     graph_ = be.capture_decode(
         [&] {
           Tensor logits = model_.forward_device(ids_, cache_, false);  // (1, vocab_size)
           be.argmax_to(logits, next_);
         },
         ids_, next_);
-    cache_.length = len;               // recording ran nothing
+    cache_.length = len;  // recording ran nothing
+    graph_dispatches_ = recording.counts();
     if (!graph_) want_graph_ = false;  // the backend has no graphs
   }
   if (graph_) {
     const int32_t next = graph_->run(id, cache_.length);
+    moe_trace::replayed_step(graph_dispatches_);
     cache_.length += 1;
     return next;
   }
+  moe_trace::DecodeStep step;
   return be.argmax(model_.forward(std::span<const int32_t>(&id, 1), cache_, false))[0];
 }
 
@@ -105,7 +110,12 @@ GenerateResult generate_into(Model& model, KvCache& cache, std::span<const int32
     }
     if (int(res.output_ids.size()) >= opt.max_tokens) break;
     const int32_t id = next;
-    next = sampler.greedy() ? stepper.step(id) : pick(model.forward(std::span<const int32_t>(&id, 1), cache, false));
+    if (sampler.greedy()) {
+      next = stepper.step(id);
+    } else {
+      moe_trace::DecodeStep step;
+      next = pick(model.forward(std::span<const int32_t>(&id, 1), cache, false));
+    }
     ++res.decode_steps;
   }
   be.synchronize();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "models/moe_dispatch.h"
 #include "runtime/sampler.h"
 
 namespace moecel {
@@ -47,6 +48,7 @@ class GreedyStepper {
   bool want_graph_;
   Tensor ids_, next_;  // the graph's input and output token, (1,) I32 on the backend
   std::unique_ptr<DecodeGraph> graph_;
+  moe_trace::Counts graph_dispatches_;  // MoE dispatches recorded in graph_ (one replay = one decode step)
 };
 
 // Whether decode graphs are on: MOECEL_CUDA_GRAPH ("0" off, "1" on), else the default.

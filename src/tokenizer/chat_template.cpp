@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/json_parse.h"
 
 namespace moecel {
 namespace {
@@ -31,7 +32,7 @@ nlohmann::json read_json(const fs::path& p) {
   try {
     return nlohmann::json::parse(read_file(p));
   } catch (const nlohmann::json::exception& e) {
-    fail("{}: invalid JSON: {}", p.string(), e.what());
+    fail("{}: invalid JSON: {}", p.string(), json_error_message(e));
   }
 }
 

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "io/json_parse.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_impl.h"
 
@@ -121,7 +122,7 @@ json parse_capturing(std::string_view text, const Reader& r, BigFields& big) {
   try {
     return json::parse(text.begin(), text.end(), cb);
   } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", r.origin, e.what());
+    fail("{}: not valid JSON: {}", r.origin, json_error_message(e));
   }
 }
 

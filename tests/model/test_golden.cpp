@@ -1,4 +1,4 @@
-// Golden tests against the reference implementations: each tests/golden/olmoe_*/ folder holds a checkpoint
+// Golden tests against the reference implementations: each tests/golden/<family>_*/ folder holds a checkpoint
 // and golden.json + logits.npy written by transformers or mlx-lm (tools/reference/). `moecel logits` must match
 // the teacher-forced logits within a relative L2 error of 1e-4 (f32 paths that differ only in summation order land near
 // 1e-6) with the same argmax at every position, and greedy generation must reproduce the reference continuation.
@@ -18,14 +18,18 @@
 namespace moecel {
 namespace {
 
+// Case folders are named <model_type>_<case> (tools/reference/make_*_golden.py).
+constexpr const char* kFamilies[] = {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "dots1"};
+
 std::vector<std::string> golden_cases() {
   std::vector<std::string> cases;
   const std::filesystem::path root = std::filesystem::path(MOECEL_SOURCE_DIR) / "tests" / "golden";
   if (!std::filesystem::exists(root)) return cases;
   for (const auto& e : std::filesystem::directory_iterator(root)) {
-    if (e.path().filename().string().starts_with("olmoe_") && std::filesystem::exists(e.path() / "golden.json")) {
-      cases.push_back(e.path().filename().string());
-    }
+    const std::string name = e.path().filename().string();
+    const bool model_case = std::any_of(std::begin(kFamilies), std::end(kFamilies),
+                                        [&](const char* f) { return name.starts_with(std::string(f) + "_"); });
+    if (model_case && std::filesystem::exists(e.path() / "golden.json")) cases.push_back(name);
   }
   std::sort(cases.begin(), cases.end());
   return cases;
@@ -83,7 +87,7 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Golden);
 
 TEST(GoldenCases, Present) {
   // The reference cases are committed; their absence would silently skip the comparisons above.
-  EXPECT_GE(golden_cases().size(), 3u);
+  EXPECT_GE(golden_cases().size(), 17u);  // 5 olmoe, 3 each of qwen2_moe, qwen3_moe, mixtral, dots1
 }
 
 }  // namespace

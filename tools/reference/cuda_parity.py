@@ -1,9 +1,9 @@
 """Whole-model parity of moecel's CUDA backend against the committed goldens (run on the GPU machine).
 
-For every tests/golden/olmoe_* case: `moecel logits --backend cuda` vs the reference logits (relative L2 and
-argmax), and `moecel generate --backend cuda` vs the reference greedy ids. For the bundled model: greedy ids of
-every golden prompt, and teacher-forced logits. Also CPU vs CUDA logits on each case. Prints one line per check
-and exits non-zero on any failure.
+For every tests/golden/<family>_* case (olmoe, qwen2_moe, qwen3_moe, mixtral, dots1): `moecel logits --backend
+cuda` vs the reference logits (relative L2 and argmax), and `moecel generate --backend cuda` vs the reference
+greedy ids. For the bundled model: greedy ids of every golden prompt, and teacher-forced logits. Also CPU vs
+CUDA logits on each case. Prints one line per check and exits non-zero on any failure.
 
 Usage: python3 tools/reference/cuda_parity.py --moecel build/moecel [--tol 1e-4]
 """
@@ -38,9 +38,9 @@ def logits(moecel, backend, model, ids, tmp):
     return np.load(out)
 
 
-def greedy(moecel, backend, model, ids, n):
+def greedy(moecel, backend, model, ids, n, extra=()):
     out = run([moecel, "generate", "--backend", backend, "--model", model, "--prompt-ids",
-               ",".join(map(str, ids)), "--max-tokens", str(n), "--ignore-eos", "--json"])
+               ",".join(map(str, ids)), "--max-tokens", str(n), "--ignore-eos", "--json", *extra])
     return json.loads(out)["output_ids"]
 
 
@@ -48,6 +48,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--moecel", default="build/moecel")
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--families", default="olmoe,qwen2_moe,qwen3_moe,mixtral,dots1")
     a = ap.parse_args()
     failures = 0
     tmp = tempfile.mkdtemp()
@@ -57,7 +58,9 @@ def main():
         failures += 0 if ok else 1
         print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
 
-    for case in sorted(glob.glob("tests/golden/olmoe_*")):
+    families = a.families.split(",")
+
+    def check_case(case):
         g = json.load(open(os.path.join(case, "golden.json")))
         want = np.load(os.path.join(case, g.get("logits_file", "logits.npy")))
         got = logits(a.moecel, "cuda", case, g["prompt_ids"], tmp)
@@ -72,6 +75,12 @@ def main():
         check(f"{os.path.basename(case)} greedy cuda", ids == g["greedy_ids"],
               "identical" if ids == g["greedy_ids"] else f"first diff at {next(i for i, (x, y) in enumerate(zip(ids, g['greedy_ids'])) if x != y)}")
 
+    for case in sorted(c for f in families for c in glob.glob(f"tests/golden/{f}_*")):
+        try:
+            check_case(case)
+        except RuntimeError as e:  # one broken case must not hide the others
+            check(f"{os.path.basename(case)}", False, str(e).splitlines()[-1][:300])
+
     g = json.load(open("tests/golden/bundled/golden.json"))
     for c in g["cases"]:
         want = np.load(os.path.join("tests/golden/bundled", c["logits_file"]))
@@ -83,6 +92,8 @@ def main():
         ids = greedy(a.moecel, "cuda", "models/default", c["prompt_ids"], len(c["greedy_ids"]))
         check(f"bundled/{c['name']} greedy cuda", ids == c["greedy_ids"], "identical" if ids == c["greedy_ids"]
               else f"differs")
+        off = greedy(a.moecel, "cuda", "models/default", c["prompt_ids"], len(c["greedy_ids"]), ["--fused-moe", "off"])
+        check(f"bundled/{c['name']} greedy cuda fused on == off", ids == off, "identical" if ids == off else "differs")
     print(f"{failures} failed", flush=True)
     sys.exit(1 if failures else 0)
 

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/fused_moe.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/vec.h"
 #include "core/error.h"
@@ -162,18 +163,7 @@ void CpuBackend::glu(Activation act, const Tensor& gate, const Tensor& up, Tenso
   const float* g = gate.ptr<float>();
   const float* u = up.ptr<float>();
   float* o = out.ptr<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = g[i];
-    float a;
-    switch (act) {
-      case Activation::kSiLU: a = x / (1.0f + std::exp(-x)); break;
-      case Activation::kGeLU:  // tanh approximation (gelu_pytorch_tanh), as GeGLU families use
-        a = 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x)));
-        break;
-      case Activation::kReLU2: a = x > 0 ? x * x : 0.0f; break;
-    }
-    o[i] = a * u[i];
-  }
+  for (int64_t i = 0; i < n; ++i) o[i] = cpu::glu_activation(act, g[i]) * u[i];
 }
 
 void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
@@ -241,6 +231,17 @@ void CpuBackend::moe_weighted_sum(const Tensor& y, const Tensor& weights, Tensor
       cpu::axpy(weights.ptr<float>()[t * k + j], y.ptr<float>() + (t * k + j) * h, o, h);
     }
   }
+}
+
+void CpuBackend::fused_moe(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
+                           const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& out) {
+  const int64_t k = indices.numel();
+  MOECEL_CHECK(indices.dtype == DType::kI32 && weights.dtype == DType::kF32 && weights.numel() == k,
+               "fused_moe: indices must be I32 and weights F32 with the same count");
+  check_rows(x, 1, gate.in, "fused_moe input");
+  check_rows(out, 1, gate.in, "fused_moe output");
+  cpu::fused_moe_decode(gate, up, down, act, x.ptr<float>(), indices.ptr<int32_t>(), weights.ptr<float>(), k,
+                        out.ptr<float>());
 }
 
 std::vector<int32_t> CpuBackend::argmax(const Tensor& logits) {

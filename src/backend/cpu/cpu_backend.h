@@ -31,6 +31,16 @@ class CpuBackend final : public Backend {
                    Tensor& weights) override;
   void moe_weighted_sum(const Tensor& y, const Tensor& weights, Tensor& out) override;
   std::vector<int32_t> argmax(const Tensor& logits) override;
+  // Not measured to lose anywhere on the CPU (the path is the gather path's row products, fused): the cap only
+  // keeps the (k, ffn) intermediates small.
+  int64_t fused_moe_default_max_dff() const override { return 16384; }
+  void fused_moe(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
+                 const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& out) override;
+  // Defined in bias_router_ops.cpp.
+  void add_bias(Tensor& x, const Tensor& bias) override;
+  void add_sigmoid_gated(const Tensor& a, const Tensor& gate, const Tensor& b, Tensor& out) override;
+  void router_grouped_topk(const Tensor& logits, const Tensor& correction_bias, int n_group, int topk_group, int k,
+                           bool renormalize, float scale, Tensor& indices, Tensor& weights) override;
 };
 
 }  // namespace moecel

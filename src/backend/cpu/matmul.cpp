@@ -90,7 +90,10 @@ float* scratch(int slot, size_t n_floats) {
   return bufs[slot].get();
 }
 
-// ---- validation ----
+}  // namespace
+
+// ---- shared with the fused decode-MoE path (matmul_internal.h) ----
+namespace detail {
 
 void check_weight(const LinearWeight& w, const char* op) {
   const std::string& n = w.name;
@@ -176,6 +179,15 @@ void run_tasks(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
       fn(t);
   });
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::check_weight;
+using detail::make_slice;
+using detail::run_tasks;
+using detail::select_kernels;
 
 // ---- matrix-vector path ----
 

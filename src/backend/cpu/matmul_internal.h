@@ -3,8 +3,10 @@
 // A kernel set works on one weight slice (one expert or a whole 2-D weight) given as raw pointers.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "core/dtype.h"
+#include "quant/qweight.h"
 
 namespace moecel::cpu::detail {
 
@@ -55,6 +57,17 @@ void scalar_kernels(const Slice& s, Kernels& k);
 // Replace the entries they have fast versions of. Defined on x86-64 only; callers check the CPU first.
 void avx2_kernels(const Slice& s, Kernels& k);
 void avx512_kernels(const Slice& s, Kernels& k);
+
+// ---- driver helpers (matmul.cpp), shared with the fused decode-MoE path ----
+
+// Throws moecel::Error unless w is a well-formed host weight; `op` names the caller in the message.
+void check_weight(const LinearWeight& w, const char* op);
+// Slice `expert` of w (0 for a 2-D weight).
+Slice make_slice(const LinearWeight& w, int64_t expert);
+// The fastest kernel set for the slice's format on this CPU (at the current SIMD level).
+Kernels select_kernels(const Slice& s);
+// Runs fn(task) for every task in [0, n_tasks) on the thread pool; every task runs exactly once.
+void run_tasks(int64_t n_tasks, const std::function<void(int64_t)>& fn);
 
 // Reads value i (bits wide) of a packed little-endian bit stream; the stream holds at least (i + 1) * bits bits.
 inline uint32_t unpack_value(const uint8_t* row, int64_t i, int bits) {

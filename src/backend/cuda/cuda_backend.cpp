@@ -10,15 +10,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/bias_ops.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_memory.h"
+#include "backend/cuda/fused_moe.cuh"
 #include "backend/cuda/misc.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/norm_rope.cuh"
 #include "backend/cuda/qmatmul.cuh"
+#include "backend/cuda/router_grouped.cuh"
 #include "core/error.h"
 
 namespace moecel {
@@ -130,8 +135,25 @@ struct StepIo {
   int32_t id, next;
 };
 
+// Launch-width knobs of the fused path, read once per backend (results do not depend on them):
+// MOECEL_CUDA_FUSED_ROWS (rows per warp of kernel A: 1, 2, 4), MOECEL_CUDA_FUSED_DOWN_ROWS (kernel B: 1, 2) and
+// MOECEL_CUDA_FUSED_SLOTS (slots kernel B stages at once: 1, 2, 4, 8).
+int knob_from_env(const char* name, int fallback, std::initializer_list<int> allowed) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  std::string list;
+  for (int a : allowed) {
+    if (std::to_string(a) == v) return a;
+    list += (list.empty() ? "" : ", ") + std::to_string(a);
+  }
+  fail("{}='{}': expected one of {}", name, v, list);
+}
+
 struct CudaBackend::Impl {
   cuda::Ctx ctx;
+  int fused_rows_per_warp = knob_from_env("MOECEL_CUDA_FUSED_ROWS", 2, {1, 2, 4});
+  int fused_down_rows_per_warp = knob_from_env("MOECEL_CUDA_FUSED_DOWN_ROWS", 1, {1, 2});
+  int fused_slot_batch = knob_from_env("MOECEL_CUDA_FUSED_SLOTS", 4, {1, 2, 4, 8});
   std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();
   unsigned* flag_host = nullptr;    // mapped pinned word the kernels raise DeviceError bits in
   int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)
@@ -603,6 +625,39 @@ void CudaBackend::moe_weighted_sum(const Tensor& y, const Tensor& weights, Tenso
   cuda::launch_moe_weighted_sum(impl_->ctx, y.ptr<float>(), weights.ptr<float>(), n, k, h, out.ptr<float>());
 }
 
+void CudaBackend::fused_moe(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
+                            const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& out) {
+  check_f32(x, "fused_moe input");
+  check_f32(out, "fused_moe output");
+  check_f32(weights, "fused_moe weights");
+  check_dev(indices, "fused_moe indices");
+  cuda::FusedMoeArgs a;
+  a.gate = weight_view(gate, "fused_moe");
+  a.up = weight_view(up, "fused_moe");
+  a.down = weight_view(down, "fused_moe");
+  MOECEL_CHECK(gate.quantized() && gate.n_stack > 0, "fused_moe: {} must be quantized experts", gate.name);
+  const int64_t k = indices.numel();
+  MOECEL_CHECK(indices.dtype == DType::kI32 && weights.numel() == k && k >= 1,
+               "fused_moe: indices must be I32 (1, k) with k >= 1 and weights (1, k)");
+  check_rows(x, 1, gate.in, "fused_moe input");
+  check_rows(out, 1, gate.in, "fused_moe output");
+  check_no_overlap(x, out, "fused_moe");
+  Tensor act_buf = scratch(DType::kF32, {k, gate.out});  // (k, ffn)
+  a.x = x.ptr<float>();
+  a.indices = indices.ptr<int32_t>();
+  a.weights = weights.ptr<float>();
+  a.act = act_buf.ptr<float>();
+  a.out = out.ptr<float>();
+  a.k = int(k);
+  a.glu = act == Activation::kSiLU   ? cuda::GluAct::kSiLU
+          : act == Activation::kGeLU ? cuda::GluAct::kGeLU
+                                     : cuda::GluAct::kReLU2;
+  a.rows_per_warp = impl_->fused_rows_per_warp;
+  a.down_rows_per_warp = impl_->fused_down_rows_per_warp;
+  a.max_slot_batch = impl_->fused_slot_batch;
+  cuda::launch_fused_moe(impl_->ctx, a);
+}
+
 std::vector<int32_t> CudaBackend::argmax(const Tensor& logits) {
   check_f32(logits, "argmax");
   MOECEL_CHECK(logits.ndim() >= 1 && logits.dim(-1) > 0, "argmax: empty rows in {}", shape_str(logits.shape));
@@ -625,6 +680,61 @@ void CudaBackend::argmax_to(const Tensor& logits, Tensor& ids) {
   MOECEL_CHECK(ids.dtype == DType::kI32 && ids.numel() == n, "argmax: ids must be I32 with {} elements, got {} {}", n,
                dtype_name(ids.dtype), shape_str(ids.shape));
   cuda::launch_argmax(impl_->ctx, logits.ptr<float>(), n, v, ids.ptr<int32_t>());
+}
+
+// ---- ops of the qwen2_moe / qwen3_moe / dots1 blocks (bias_ops.cu, router_grouped.cu) ----
+
+void CudaBackend::add_bias(Tensor& x, const Tensor& bias) {
+  check_f32(x, "add_bias input");
+  check_dev(bias, "add_bias bias");
+  const FloatType bt = float_type(bias.dtype, "add_bias bias");
+  MOECEL_CHECK(bias.ndim() == 1, "add_bias: bias must be a vector, got {}", shape_str(bias.shape));
+  const int64_t d = bias.numel();
+  MOECEL_CHECK(d > 0 && x.numel() % d == 0, "add_bias: input {} is not rows of the bias width {}", shape_str(x.shape),
+               d);
+  cuda::launch_add_bias(impl_->ctx, x.ptr<float>(), x.numel() / d, d, bias.data, bt);
+}
+
+void CudaBackend::add_sigmoid_gated(const Tensor& a, const Tensor& gate, const Tensor& b, Tensor& out) {
+  check_f32(a, "add_sigmoid_gated input");
+  check_f32(gate, "add_sigmoid_gated gate");
+  check_f32(b, "add_sigmoid_gated input");
+  check_f32(out, "add_sigmoid_gated output");
+  const int64_t n = gate.numel();
+  MOECEL_CHECK(n > 0 && a.numel() == b.numel() && a.numel() == out.numel() && a.numel() % n == 0,
+               "add_sigmoid_gated: shapes {}, {} and {} with gate {} (one gate per row) do not match",
+               shape_str(a.shape), shape_str(b.shape), shape_str(out.shape), shape_str(gate.shape));
+  check_no_overlap(gate, out, "add_sigmoid_gated");  // a and b may alias out (elementwise)
+  cuda::launch_add_sigmoid_gated(impl_->ctx, a.ptr<float>(), gate.ptr<float>(), b.ptr<float>(), n, a.numel() / n,
+                                 out.ptr<float>());
+}
+
+void CudaBackend::router_grouped_topk(const Tensor& logits, const Tensor& correction_bias, int n_group, int topk_group,
+                                      int k, bool renormalize, float scale, Tensor& indices, Tensor& weights) {
+  check_f32(logits, "router logits");
+  check_dev(correction_bias, "router correction bias");
+  check_dev(indices, "router indices");
+  check_f32(weights, "router weights");
+  const FloatType bt = float_type(correction_bias.dtype, "router correction bias");
+  MOECEL_CHECK(logits.ndim() == 2, "router: logits must be (n_tokens, n_experts), got {}", shape_str(logits.shape));
+  MOECEL_CHECK(indices.dtype == DType::kI32, "router: indices must be I32, got {}", dtype_name(indices.dtype));
+  const int64_t n = logits.dim(0), n_experts = logits.dim(1);
+  MOECEL_CHECK(correction_bias.numel() == n_experts, "router: correction bias must have {} values, got {}", n_experts,
+               shape_str(correction_bias.shape));
+  MOECEL_CHECK(n_experts <= cuda::kMaxGroupedExperts && n_group >= 1 && n_group <= cuda::kMaxGroups,
+               "router: the CUDA backend's grouped router takes <= {} experts in <= {} groups, got {} in {}",
+               cuda::kMaxGroupedExperts, cuda::kMaxGroups, n_experts, n_group);
+  MOECEL_CHECK(n_experts % n_group == 0, "router: {} experts do not split into {} groups", n_experts, n_group);
+  MOECEL_CHECK(topk_group >= 1, "router: topk_group must be at least 1, got {}", topk_group);
+  const int64_t kept = std::min(topk_group, n_group) * (n_experts / n_group);
+  MOECEL_CHECK(k >= 1 && k <= kept && k <= cuda::kMaxGroupedTopK,
+               "router: top-k {} must be in [1, {}] (kept experts; the CUDA backend takes at most {})", k, kept,
+               cuda::kMaxGroupedTopK);
+  check_rows(indices, n, k, "router indices");
+  check_rows(weights, n, k, "router weights");
+  cuda::launch_router_grouped_topk(impl_->ctx, logits.ptr<float>(), correction_bias.data, bt, n, int(n_experts),
+                                   n_group, topk_group, k, renormalize, scale, indices.ptr<int32_t>(),
+                                   weights.ptr<float>());
 }
 
 }  // namespace moecel

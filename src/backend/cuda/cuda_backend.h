@@ -50,12 +50,21 @@ class CudaBackend final : public Backend {
                    Tensor& weights) override;
   void moe_weighted_sum(const Tensor& y, const Tensor& weights, Tensor& out) override;
   std::vector<int32_t> argmax(const Tensor& logits) override;
+  // DESIGN.md's default cap: larger experts already fill the GPU on the gather path.
+  int64_t fused_moe_default_max_dff() const override { return 8192; }
+  void fused_moe(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
+                 const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& out) override;
   void argmax_to(const Tensor& logits, Tensor& ids) override;
   // Waits for the stream, then throws if a kernel flagged bad input (token id / expert index out of range).
   void synchronize() override;
   // Stream capture into a CUDA graph (see Backend::capture_decode).
   std::unique_ptr<DecodeGraph> capture_decode(const std::function<void()>& record, const Tensor& ids,
                                               const Tensor& next) override;
+  // Kernels in bias_ops.cu and router_grouped.cu.
+  void add_bias(Tensor& x, const Tensor& bias) override;
+  void add_sigmoid_gated(const Tensor& a, const Tensor& gate, const Tensor& b, Tensor& out) override;
+  void router_grouped_topk(const Tensor& logits, const Tensor& correction_bias, int n_group, int topk_group, int k,
+                           bool renormalize, float scale, Tensor& indices, Tensor& weights) override;
 
   // Bytes held by the caching allocator: handed out, and cached for reuse.
   size_t pool_live_bytes() const;

@@ -24,4 +24,20 @@ void launch_moe_weighted_sum(const Ctx& ctx, const float* y, const float* weight
 enum class GluAct : int { kSiLU = 0, kGeLU = 1, kReLU2 = 2 };
 void launch_glu(const Ctx& ctx, GluAct act, const float* gate, const float* up, int64_t n, float* out);
 
+#ifdef __CUDACC__
+// act(g) * u, the one definition the gather path's glu kernel and the fused path both use.
+template <GluAct kAct>
+__device__ __forceinline__ float glu_value(float g, float u) {
+  float a;
+  if constexpr (kAct == GluAct::kSiLU) {
+    a = g / (1.0f + expf(-g));
+  } else if constexpr (kAct == GluAct::kGeLU) {  // tanh approximation (gelu_pytorch_tanh)
+    a = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
+  } else {
+    a = g > 0.0f ? g * g : 0.0f;
+  }
+  return a * u;
+}
+#endif
+
 }  // namespace moecel::cuda

@@ -1,10 +1,12 @@
-// The tiled matrix product (prefill): a block owns 64 output rows x up to 64 (token, slot) pairs of one expert;
-// per 32-wide slice of `in` it dequantizes the 64 x 32 weight tile into shared memory once and reuses it for
-// every pair of the tile (each thread accumulates 4 rows x 4 pairs in f32). CUDA cores only; tensor cores
-// are a later step. Also the routing kernel that groups gather pairs by expert into such tiles.
+// The CUDA-core tiled product (2/3/5/6-bit, F32/F16 weights, and the fallback of qgemm_mma.cu): a block owns 64
+// output rows x up to 64 (token, slot) pairs of one expert and dequantizes each 64 x 32 weight tile into shared
+// memory once for all its pairs (each thread accumulates 4 rows x 4 pairs in f32). Also launch_gemm, which picks
+// the kernel, and the routing kernel that groups gather pairs by expert into tiles.
 // Used by: launch_linear and launch_gather_linear (qmatmul.cu).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/qmatmul.cuh"
 
@@ -191,8 +193,8 @@ int64_t max_tiles_for(int64_t n_experts, int64_t n_pairs) {
 
 }  // namespace
 
-void launch_gemm(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
-                 const TileList* tiles, int64_t max_tiles, float* y) {
+void launch_gemm_simt(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
+                      const TileList* tiles, int64_t max_tiles, float* y) {
   if (n_pairs == 0 || w.out == 0) return;
   CUDA_REQUIRE(w.in > 0 && n_pairs > 0 && n_pairs < (int64_t(1) << 31), "gemm: bad in / pair count");
   GemmArgs a{w, x, y, map, n_pairs, tiles ? *tiles : TileList{}, max_tiles};
@@ -216,6 +218,22 @@ void launch_gemm(const Ctx& ctx, const WeightView& w, const float* x, const Pair
     case FloatType::kF16: launch_typed<DenseLoader<__half>>(ctx, grid, a); break;
     case FloatType::kBF16: launch_typed<DenseLoader<__nv_bfloat16>>(ctx, grid, a); break;
   }
+}
+
+void launch_gemm(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
+                 const TileList* tiles, int64_t max_tiles, float* y) {
+  // Read on every call (a getenv per launch is nothing next to a prefill GEMM), so tests can switch it.
+  const char* env = std::getenv("MOECEL_CUDA_MMA");
+  const std::string mode = env ? env : "";
+  CUDA_REQUIRE(mode.empty() || mode == "0" || mode == "1" || mode == "fast",
+               "MOECEL_CUDA_MMA must be 0 (CUDA cores), 1 (tensor cores, the default) or fast (tensor cores, x "
+               "rounded to bf16); got '" +
+                   mode + "'");
+  if (mode != "0") {
+    const MmaPrecision precision = mode == "fast" ? MmaPrecision::kBf16X : MmaPrecision::kSplitX;
+    if (launch_gemm_mma(ctx, w, x, map, n_pairs, tiles, max_tiles, y, precision)) return;
+  }
+  launch_gemm_simt(ctx, w, x, map, n_pairs, tiles, max_tiles, y);
 }
 
 size_t route_scratch_bytes(int64_t n_experts, int64_t n_pairs) {

@@ -5,6 +5,7 @@
 // Used by: launch_linear and launch_gather_linear (qmatmul.cu).
 #include <cstdint>
 
+#include "backend/cuda/qdot.cuh"
 #include "backend/cuda/qmatmul.cuh"
 
 namespace moecel::cuda {
@@ -12,10 +13,6 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kChunk = 32;  // values per quantized lane step; a chunk never straddles a group (group_size % 32 == 0)
-// Floats per chunk of x in shared memory: 4 pad floats put the float4 reads of 8 consecutive lanes (chunks
-// 144 bytes apart) in distinct banks.
-constexpr int kChunkPad = 36;
 
 struct GemvArgs {
   WeightView w;
@@ -24,59 +21,6 @@ struct GemvArgs {
   PairMap map;
   unsigned* err;
 };
-
-// Chunk c of a row starts at word c * BITS of a row that starts at a multiple of BITS words (in % 32 == 0),
-// so with a 16-byte aligned base the BITS words are 16-byte aligned for 4/8 bits and 8-byte aligned for 2/6.
-template <int BITS>
-__device__ __forceinline__ void load_chunk(const uint32_t* p, uint32_t (&wd)[BITS]) {
-  if constexpr (BITS % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < BITS / 4; ++i) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
-      wd[4 * i] = v.x;
-      wd[4 * i + 1] = v.y;
-      wd[4 * i + 2] = v.z;
-      wd[4 * i + 3] = v.w;
-    }
-  } else if constexpr (BITS % 2 == 0) {
-#pragma unroll
-    for (int i = 0; i < BITS / 2; ++i) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
-      wd[2 * i] = v.x;
-      wd[2 * i + 1] = v.y;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < BITS; ++i) wd[i] = __ldg(p + i);
-  }
-}
-
-// Value j (compile-time after unrolling) of a chunk: bits [j * BITS, (j + 1) * BITS) of the words, little endian.
-template <int BITS>
-__device__ __forceinline__ float chunk_value(const uint32_t (&wd)[BITS], int j) {
-  constexpr uint32_t kMask = (1u << BITS) - 1u;
-  const int bit = j * BITS, w = bit >> 5, sh = bit & 31;
-  uint32_t v = wd[w] >> sh;
-  if (sh + BITS > 32) v |= wd[w + 1 < BITS ? w + 1 : BITS - 1] << (32 - sh);  // spills into the next word
-  return float(v & kMask);
-}
-
-// sum_j q_j * x_j over one chunk, and sum_j x_j (the bias term: w = s*q + b gives s*sum(q x) + b*sum(x)).
-template <int BITS>
-__device__ __forceinline__ float chunk_dot(const uint32_t (&wd)[BITS], const float* xc, float& xsum) {
-  float qx = 0.0f, xs = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kChunk; j += 4) {
-    const float4 xv = *reinterpret_cast<const float4*>(xc + j);
-    qx = fmaf(chunk_value<BITS>(wd, j), xv.x, qx);
-    qx = fmaf(chunk_value<BITS>(wd, j + 1), xv.y, qx);
-    qx = fmaf(chunk_value<BITS>(wd, j + 2), xv.z, qx);
-    qx = fmaf(chunk_value<BITS>(wd, j + 3), xv.w, qx);
-    xs += (xv.x + xv.y) + (xv.z + xv.w);
-  }
-  xsum = xs;
-  return qx;
-}
 
 // Resolves pair p to its expert; an out-of-range index fills this block's rows of y with NaN and raises the
 // error flag. Returns -1 then (uniform over the block, so the caller may return before any barrier).
@@ -92,34 +36,6 @@ __device__ __forceinline__ int64_t pair_expert(const GemvArgs& a, int64_t p) {
 
 __device__ __forceinline__ const float* pair_x(const GemvArgs& a, int64_t p) {
   return a.x + (a.map.x_per_slot ? p : p / a.map.k) * a.w.in;
-}
-
-// Stages x (in floats, in % 32 == 0) into xs in the padded chunk layout. With float4 loads, each thread's
-// loads are all issued before its stores: a plain loop would be a chain of dependent global-load latencies.
-__device__ __forceinline__ void stage_x(const float* x, int64_t in, float* xs) {
-  if ((reinterpret_cast<uintptr_t>(x) & 15) != 0) {
-    for (int64_t i = threadIdx.x; i < in; i += kThreads) xs[(i / kChunk) * kChunkPad + i % kChunk] = x[i];
-    return;
-  }
-  constexpr int kUnroll = 4;
-  const int64_t n4 = in / 4;
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  for (int64_t base = threadIdx.x; base < n4; base += int64_t(kThreads) * kUnroll) {
-    float4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i4 = base + int64_t(u) * kThreads;
-      if (i4 < n4) v[u] = x4[i4];
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i4 = base + int64_t(u) * kThreads;
-      if (i4 < n4) {
-        const int64_t i = i4 * 4;  // a float4 never straddles a chunk; chunk starts are 16-byte aligned (144 B)
-        *reinterpret_cast<float4*>(xs + (i / kChunk) * kChunkPad + i % kChunk) = v[u];
-      }
-    }
-  }
 }
 
 // Preconditions (checked by launch_gemv): blockDim.x == kThreads; w.in % 32 == 0; w.group_size % 32 == 0;
@@ -156,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
       pb[k] = brow ? to_f32(brow[g]) : 0.0f;
     }
   }
-  stage_x(pair_x(a, p), in, xs);
+  stage_chunks(pair_x(a, p), in, xs);
   __syncthreads();
   if (!live) return;
 
@@ -167,7 +83,7 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
     if (c < n_chunks) {
       float xsum;
       const float qx = chunk_dot<BITS>(pw[k], xs + c * kChunkPad, xsum);
-      acc = fmaf(ps[k], qx, fmaf(pb[k], xsum, acc));
+      acc = chunk_fma(ps[k], pb[k], qx, xsum, acc);
     }
   }
   for (int64_t c = lane + 32 * kPrefetch; c < n_chunks; c += 32) {
@@ -178,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
     const float b = brow ? to_f32(brow[g]) : 0.0f;
     float xsum;
     const float qx = chunk_dot<BITS>(wd, xs + c * kChunkPad, xsum);
-    acc = fmaf(s, qx, fmaf(b, xsum, acc));
+    acc = chunk_fma(s, b, qx, xsum, acc);
   }
   acc = warp_sum(acc);
   if (lane == 0) a.y[p * out + row] = acc;

@@ -1,7 +1,8 @@
 // Matrix products of the CUDA backend for dense (F32/F16/BF16) and MLX affine-quantized weights:
 // linear (y = x @ w^T) and the gather path (MLX gather_qmm: one expert slice per (token, slot) pair).
 // Few tokens take the matrix-vector kernels (qgemv.cu: one warp per output row, x staged in shared memory);
-// more take the tiled kernel (qgemm.cu: a weight tile dequantized into shared memory, reused by 64 tokens).
+// more take a tiled kernel (qgemm_mma.cu: tensor cores, 4-/8-bit and BF16 weights; qgemm.cu: CUDA cores, any
+// weight), where a weight tile staged in shared memory is reused by 64 tokens.
 // Used by: CudaBackend::linear, CudaBackend::gather_linear.
 #pragma once
 #include <cstdint>
@@ -62,9 +63,24 @@ struct TileList {
 };
 constexpr int kGemmTileTokens = 64;  // pairs per tile
 // Tiled product. With tiles == nullptr: a plain linear over n_pairs tokens (expert 0, pair p = token p);
-// otherwise max_tiles bounds the tile count the routing kernel may produce.
+// otherwise max_tiles bounds the tile count the routing kernel may produce. Runs the tensor-core kernel where it
+// applies (4-/8-bit affine and dense BF16 weights), else the CUDA-core one. MOECEL_CUDA_MMA selects: unset or 1:
+// tensor cores with x split into two bf16 (matches f32); fast: tensor cores with x rounded to bf16; 0: CUDA cores.
 void launch_gemm(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
                  const TileList* tiles, int64_t max_tiles, float* y);
+// The CUDA-core tiled kernel (qgemm.cu): every bits value and dense dtype.
+void launch_gemm_simt(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
+                      const TileList* tiles, int64_t max_tiles, float* y);
+// How the tensor-core kernel rounds x (f32) to its bf16 operand (error analysis in qgemm_mma.cu).
+enum class MmaPrecision : int {
+  kSplitX = 0,  // x = hi + lo, two MMAs: ~1e-10 normalized MSE against f32, or better
+  kBf16X = 1,   // x = bf16(x): ~3e-6 normalized MSE, half the tensor work
+};
+// The tensor-core tiled kernel (qgemm_mma.cu). Returns false, launching nothing, when the weight or x does not
+// meet its preconditions (bits 4 or 8 with in and group_size multiples of 32, or dense BF16 with in % 8 == 0;
+// 16-byte aligned w and x; enough shared memory).
+bool launch_gemm_mma(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
+                     const TileList* tiles, int64_t max_tiles, float* y, MmaPrecision precision);
 // Groups the pairs by expert and builds the tile list in `scratch` (layout: see qgemm.cu).
 TileList launch_route(const Ctx& ctx, const WeightView& w, const int32_t* indices, int64_t n_pairs, float* y,
                       void* scratch, int64_t* max_tiles);

@@ -1,0 +1,34 @@
+// The fused single-token decode-MoE kernels (DESIGN.md section 5; docs/fused-moe-decode-kernel-design.md).
+// Kernel A: gate and up rows of the k selected experts, dequantized on the fly, the activation, f32 act (k, ffn).
+// Kernel B: per hidden row, the k down products and their routing-weighted sum in slot order, one write.
+// Used by: CudaBackend::fused_moe.
+#pragma once
+#include <cstdint>
+
+#include "backend/cuda/moe.cuh"
+#include "backend/cuda/qmatmul.cuh"
+
+namespace moecel::cuda {
+
+struct FusedMoeArgs {
+  WeightView gate, up, down;         // (n_experts, ffn, hidden), (n_experts, ffn, hidden), (n_experts, hidden, ffn)
+  const float* x = nullptr;          // (hidden,)
+  const int32_t* indices = nullptr;  // (k,) on the device
+  const float* weights = nullptr;    // (k,)
+  float* act = nullptr;              // (k, ffn) intermediate
+  float* out = nullptr;              // (hidden,)
+  int k = 0;
+  GluAct glu = GluAct::kSiLU;
+  // Output rows per warp of kernels A (1, 2 or 4) and B (1 or 2): launch-width knobs; results do not depend on them.
+  int rows_per_warp = 2;
+  int down_rows_per_warp = 1;  // kernel B: 1 or 2
+  int max_slot_batch = 4;      // kernel B: most slots staged and loaded together (8, 4, 2 or 1)
+};
+
+// Launches kernels A and B. Preconditions (checked): gate/up bits equal and in {4, 8}; down bits in {4, 6, 8};
+// one group size (a multiple of 32) and scale type for all three; hidden and ffn multiples of 32; 16-byte
+// aligned packed weights; 1 <= k <= kMaxTopK. An expert index outside [0, n_experts) raises kErrExpertIndex
+// and makes the output NaN.
+void launch_fused_moe(const Ctx& ctx, const FusedMoeArgs& a);
+
+}  // namespace moecel::cuda

@@ -1,0 +1,497 @@
+// Tensor-core tiled matrix product (prefill) for 4- and 8-bit MLX affine weights and dense BF16 weights:
+// mma.sync m16n8k16 (bf16 in, f32 accumulate) on 128 output rows x 64 (token, slot) pairs per block, with a
+// 4-stage cp.async pipeline of 32-wide slices of `in` (packed weight words and f32 x rows).
+// Used by: launch_gemm (qgemm.cu), which falls back to the CUDA-core kernel when launch_gemm_mma declines.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "backend/cuda/qmatmul.cuh"
+
+namespace moecel::cuda {
+namespace {
+
+// Precision. The weight operand is the centered integer code c = q - z, z = 2^(bits-1) (c in [-8, 7] or
+// [-128, 127], exact in bf16); scale and bias are applied in f32 per group:
+//   y = sum_g s_g * (sum_{k in g} c_k x_k) + (b_g + z s_g) * (sum_{k in g} x_k),
+// the bias term from the f32 x. Centering matters: with the raw code q in [0, 2^bits) the error of x's
+// representation enters as s * sum(q dx) while y ~ s * sum((q - z) x), so it was amplified 3-10x on real
+// checkpoints (whose codes cluster around z); tiny models amplify a matmul's error another ~30x into the logits.
+// x (f32, any magnitude) becomes bf16, which keeps f32's exponent range (f16 would overflow past 65504):
+//  - kSplitX (default): x = hi + mid + lo, each the bf16 rounding of what is left; three MMAs per fragment. x - hi
+//    has at most 16 significant bits and x - hi - mid at most 8, so the sum is exact (down to |x| ~ 1e-33, where
+//    lo would be a bf16 subnormal) and the products are exact: only the f32 accumulation rounds, as in the CPU
+//    kernels (~1e-13 normalized MSE on small rows). Two terms (16-17 bits) gave ~1e-10 per matmul, which the
+//    golden checkpoints' logits amplified past 1e-4 relative L2.
+//  - kBf16X (MOECEL_CUDA_MMA=fast): x = bf16(x) only; relative rounding error <= 2^-8 per element, which gives a
+//    normalized MSE of ~3e-6 against f32 (like running the activations in bf16), at a third of the MMA work.
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"; groupID = lane / 4,
+// tig = lane % 4; two bf16 per .b32 register, the lower-indexed element in the lower 16 bits):
+//   A (16 x 16, row-major): a0,a1: (row groupID, col 2*tig + {0,1}); a2,a3: (row groupID + 8, same cols);
+//                           a4,a5: (row groupID, col 2*tig + 8 + {0,1}); a6,a7: (row groupID + 8, same cols).
+//   B (16 x 8, "col"):      b0,b1: (row 2*tig + {0,1}, col groupID); b2,b3: (row 2*tig + 8 + {0,1}, col groupID).
+//   C/D (16 x 8, f32):      c0,c1: (row groupID, col 2*tig + {0,1}); c2,c3: (row groupID + 8, same cols).
+// Rows of A are output rows, columns of B are pairs, and the MMA's k index is free to be any permutation of the
+// slice as long as A and B agree. k slots 2*tig + {0,1}, 2*tig + 8 + {0,1} of both k16 steps of a 32-slice
+// are held only by lanes with the same tig, so each tig takes the 8 consecutive values [8*tig, 8*tig + 8) of the
+// slice, in the order (k0, k4), (k1, k5) for step 0 and (k2, k6), (k3, k7) for step 1. For 4-bit weights these
+// 8 values are exactly packed word tig of the row's slice and (k_j, k_j+4) are nibbles j and j + 4, i.e. bits
+// [4j, 4j + 4) and [4j + 16, 4j + 20): one mask-or puts them into a bf16x2 as 128 + q, one bf16x2 fma centers
+// them. For 8-bit weights they are bytes j of words 2*tig and 2*tig + 1. x is stored in shared memory already in that
+// order, so every fragment is one 32-bit (4-bit weights), 64-bit (8-bit) or 128-bit (bf16 weights, x) shared load per
+// lane: no ldmatrix is needed, and each fragment load is conflict-free (see the layout notes below).
+
+constexpr int kWarpsM = 4, kWarpsN = 2;  // warp tile 32 rows x 32 pairs: 2 x 4 m16n8 fragments
+constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+constexpr int kBM = 32 * kWarpsM;  // output rows per block
+constexpr int kBN = 32 * kWarpsN;  // pairs per block
+constexpr int kBK = 32;            // slice of `in` per stage (one quantized chunk: never straddles a group)
+constexpr int kStages = 4;         // cp.async pipeline depth (slices in flight)
+constexpr int kXrLd = kBK + 4;     // raw x row: 144 bytes, so 8 lanes' 16-byte reads hit 8 distinct bank quads
+static_assert(kBN == kGemmTileTokens, "the routing kernel cuts tiles of kGemmTileTokens pairs");
+static_assert(kThreads == kBN * 4, "the x conversion gives each thread one 8-value chunk of one pair");
+
+enum class Fmt { kQ4, kQ8, kBF16 };
+
+// Bytes of one weight row per stage: 4 words (4-bit), 8 words (8-bit), 32 bf16.
+template <Fmt F>
+constexpr int kRowBytes = F == Fmt::kQ4   ? 16
+                          : F == Fmt::kQ8 ? 32
+                                          : 64;
+
+// Dynamic shared memory (byte offsets, all multiples of 16):
+//   xr   [kStages][kBN][kXrLd] f32     raw x slices as cp.async writes them
+//   wq   [kStages][kBM][row bytes]     weight slices (packed words or bf16), rows of 16 / 32 / 64 bytes
+//   xb   [2][kXTerms][kBN][kBK] bf16   converted x (hi, mid, lo), 64-byte rows, each 8-chunk in
+//                                      (k0,k4,k1,k5,k2,k6,k3,k7) order
+//   xsum [2][kBN] f32                  sum of x over the current group, per pair (affine bias term)
+//   xoff [kBN] int64, pair [kBN] int   x row offset and pair id of each column (-1: no pair)
+template <Fmt F, bool SPLIT>
+struct Layout {
+  static constexpr int kXTerms = SPLIT ? 3 : 1;  // bf16 terms of x: hi (+ mid + lo)
+  static constexpr size_t kXbPlane = size_t(kBN) * kBK * 2;
+  static constexpr size_t kXbBuf = kXTerms * kXbPlane;
+  static constexpr size_t kXr = 0;
+  static constexpr size_t kWq = kXr + size_t(kStages) * kBN * kXrLd * 4;
+  static constexpr size_t kXb = kWq + size_t(kStages) * kBM * kRowBytes<F>;
+  static constexpr size_t kXsum = kXb + 2 * kXbBuf;
+  static constexpr size_t kXoff = kXsum + 2 * kBN * 4;
+  static constexpr size_t kPair = kXoff + kBN * 8;
+  static constexpr size_t kBytes = kPair + kBN * 4;
+};
+
+struct MmaArgs {
+  WeightView w;
+  const float* x;
+  float* y;
+  PairMap map;
+  int64_t n_pairs;
+  TileList tiles;  // tiles.order == nullptr: plain linear
+  int64_t max_tiles;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; valid == false writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's most recent groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// D += A * B, m16n8k16, bf16 inputs, f32 accumulators (fragment layouts in the file comment).
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+
+// Nibbles j and j + 4 of a 4-bit word as centered codes q - 8 in a bf16x2 (low half: nibble j). 0x4300 | q is
+// the bf16 of 128 + q (q < 128 fills the mantissa of 2^7 exactly); one bf16x2 fma subtracts 136 exactly.
+__device__ __forceinline__ uint32_t q4_pair(uint32_t w, int j) {
+  const uint32_t v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));  // v * 1 - 136
+  return r;
+}
+
+// Byte j of lo and byte j of hi (8-bit codes) as centered codes q - 128 in a bf16x2: 0x4B000000 | q is the f32
+// 2^23 + q; subtracting 2^23 + 128 leaves q - 128 exactly, which has at most 8 significant bits, so the f32's
+// upper half is its exact bf16.
+__device__ __forceinline__ uint32_t q8_pair(uint32_t lo, uint32_t hi, int j) {
+  const float a = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7540u | unsigned(j))) - 8388736.0f;
+  const float b = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7540u | unsigned(j))) - 8388736.0f;
+  return __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x7632u);
+}
+
+// Values j and j + 4 of 8 consecutive bf16 (u.x = (v0, v1), ..., u.w = (v6, v7)) as bf16x2.
+__device__ __forceinline__ uint32_t bf16_pair(const uint4& u, int j) {
+  const uint32_t p = j < 2 ? u.x : u.y, q = j < 2 ? u.z : u.w;
+  return __byte_perm(p, q, (j & 1) ? 0x7632u : 0x5410u);
+}
+
+// Preconditions (checked by launch_gemm_mma): blockDim.x == kThreads; dynamic shared memory Layout::kBytes;
+// w.w and x 16-byte aligned; quantized: in % 32 == 0, group_size % 32 == 0; dense: in % 8 == 0; every pair id in
+// the tile list is < n_pairs.
+template <Fmt F, typename ST, bool SPLIT>
+__global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
+  using L = Layout<F, SPLIT>;
+  constexpr bool kQuant = F != Fmt::kBF16;
+  constexpr int kBits = F == Fmt::kQ4 ? 4 : 8;
+  constexpr float kCodeZero = float(1 << (kBits - 1));  // subtracted from every code by q4_pair / q8_pair
+  constexpr int kChunksPerRow = kRowBytes<F> / 16;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* xr = reinterpret_cast<float*>(smem + L::kXr);
+  unsigned char* wq = smem + L::kWq;
+  unsigned char* xb = smem + L::kXb;
+  float* xsum = reinterpret_cast<float*>(smem + L::kXsum);
+  int64_t* xoff = reinterpret_cast<int64_t*>(smem + L::kXoff);
+  int* pair_of = reinterpret_cast<int*>(smem + L::kPair);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % kWarpsM, wn = warp / kWarpsM;  // this warp: rows 32 wm .., pairs 32 wn ..
+  const int grp_id = lane >> 2, tig = lane & 3;
+  const int cp = tid >> 2, cc = tid & 3;  // conversion: pair cp, values [8 cc, 8 cc + 8) of each slice
+  const int64_t in = a.w.in, out = a.w.out;
+  const int64_t row0 = int64_t(blockIdx.x) * kBM;
+  const int n_steps = int((in + kBK - 1) / kBK);
+  const int spg = kQuant ? a.w.group_size / kBK : 1;  // slices per quantization group
+  const int64_t groups = kQuant ? in / a.w.group_size : 0;
+  const int64_t w_row_bytes = kQuant ? in * kBits / 8 : in * 2;
+  const bool routed = a.tiles.order != nullptr;
+  const int64_t n_tiles = routed ? min(int64_t(*a.tiles.n_tiles), a.max_tiles) : (a.n_pairs + kBN - 1) / kBN;
+
+  for (int64_t tile = blockIdx.y; tile < n_tiles; tile += gridDim.y) {
+    int64_t expert = 0, start = tile * kBN;
+    int count = int(min(int64_t(kBN), a.n_pairs - start));
+    if (routed) {
+      expert = a.tiles.expert[tile];
+      start = a.tiles.start[tile];
+      count = a.tiles.count[tile];
+    }
+    __syncthreads();  // the previous tile is done with every shared buffer
+    if (tid < kBN) {
+      const int p = tid < count ? (routed ? a.tiles.order[start + tid] : int(start + tid)) : -1;
+      pair_of[tid] = p;
+      xoff[tid] = p < 0 ? 0 : (a.map.x_per_slot ? int64_t(p) : p / a.map.k) * in;
+    }
+    __syncthreads();
+
+    const unsigned char* wbase = static_cast<const unsigned char*>(a.w.w) + expert * out * w_row_bytes;
+    const ST* sbase = kQuant ? static_cast<const ST*>(a.w.scales) + expert * out * groups : nullptr;
+    const ST* bbase = kQuant && a.w.biases ? static_cast<const ST*>(a.w.biases) + expert * out * groups : nullptr;
+
+    // Slice st of x and of the weight rows into pipeline slot st % kStages. Rows past `out` and values past `in`
+    // are zero-filled; columns without a pair are skipped (their outputs are never stored, and an MMA column
+    // depends only on its own B column).
+    auto issue = [&](int st) {
+      const int slot = st % kStages;
+      const int64_t k0 = int64_t(st) * kBK;
+      constexpr int kXChunks = kBN * (kBK / 4), kWChunks = kBM * kChunksPerRow;  // 16-byte chunks per slice
+      static_assert(kXChunks % kThreads == 0, "x chunks split evenly over the threads");
+      float* xdst = xr + slot * (kBN * kXrLd);
+#pragma unroll
+      for (int j = 0; j < kXChunks / kThreads; ++j) {
+        const int i = tid + j * kThreads, p = i / (kBK / 4), c = i % (kBK / 4);
+        const int64_t k = k0 + 4 * c;
+        const bool valid = k < in;
+        if (p < count) cp_async16(smem_addr(xdst + p * kXrLd + 4 * c), valid ? a.x + xoff[p] + k : a.x, valid);
+      }
+      unsigned char* wdst = wq + slot * (kBM * kRowBytes<F>);
+#pragma unroll
+      for (int j = 0; j < (kWChunks + kThreads - 1) / kThreads; ++j) {
+        const int i = tid + j * kThreads, r = i / kChunksPerRow, c = i % kChunksPerRow;
+        const int64_t row = row0 + r;
+        const int64_t byte = kQuant ? k0 * kBits / 8 + 16 * c : (k0 + 8 * c) * 2;
+        const bool valid = row < out && (kQuant || k0 + 8 * c < in);
+        if (kWChunks % kThreads == 0 || i < kWChunks) {
+          cp_async16(smem_addr(wdst + r * kRowBytes<F> + 16 * c), valid ? wbase + row * w_row_bytes + byte : wbase,
+                     valid);
+        }
+      }
+    };
+
+    // Slice st of x: f32 -> bf16 (hi, and mid, lo when SPLIT) in fragment order into xb[st & 1]; the group sums
+    // of x go to xsum[st & 1] at the group's last slice.
+    float run = 0.0f;  // this thread's part of the current group's sum of x (pair cp)
+    auto convert = [&](int st) {
+      const float* src = xr + (st % kStages) * (kBN * kXrLd) + cp * kXrLd + 8 * cc;
+      float v[8] = {};
+      if (cp < count) {
+        const float4 v0 = *reinterpret_cast<const float4*>(src);
+        const float4 v1 = *reinterpret_cast<const float4*>(src + 4);
+        v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+      }
+      uint32_t h[4], m[4], l[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __nv_bfloat162 hb = __floats2bfloat162_rn(v[j], v[j + 4]);
+        h[j] = bf16x2_bits(hb);
+        if constexpr (SPLIT) {
+          // Both differences are exact in f32 (each subtrahend is the minuend rounded to 8 significant bits), and
+          // what is left after mid has at most 8 significant bits: x == hi + mid + lo.
+          const float r0 = v[j] - __low2float(hb), r1 = v[j + 4] - __high2float(hb);
+          const __nv_bfloat162 mb = __floats2bfloat162_rn(r0, r1);
+          m[j] = bf16x2_bits(mb);
+          l[j] = bf16x2_bits(__floats2bfloat162_rn(r0 - __low2float(mb), r1 - __high2float(mb)));
+        }
+      }
+      unsigned char* dst = xb + (st & 1) * L::kXbBuf + cp * (kBK * 2) + cc * 16;
+      *reinterpret_cast<uint4*>(dst) = make_uint4(h[0], h[1], h[2], h[3]);
+      if constexpr (SPLIT) {
+        *reinterpret_cast<uint4*>(dst + L::kXbPlane) = make_uint4(m[0], m[1], m[2], m[3]);
+        *reinterpret_cast<uint4*>(dst + 2 * L::kXbPlane) = make_uint4(l[0], l[1], l[2], l[3]);
+      }
+      if constexpr (kQuant) {
+        if (st % spg == 0) run = 0.0f;
+        run += ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+        if ((st + 1) % spg == 0) {  // uniform over the block: every lane takes part in the shuffles
+          float s = run + __shfl_xor_sync(0xffffffffu, run, 1);
+          s += __shfl_xor_sync(0xffffffffu, s, 2);
+          if (cc == 0) xsum[(st & 1) * kBN + cp] = s;
+        }
+      }
+    };
+
+    // A warp whose 32 pairs or 32 rows are all past the tile's end only joins the loads and barriers.
+    const bool warp_live = count > 32 * wn && row0 + 32 * wm < out;
+    float acc[2][4][4], part[2][4][4];  // part: the current group's sum of q * x (quantized weights only)
+#pragma unroll
+    for (int mf = 0; mf < 2; ++mf)
+#pragma unroll
+      for (int nf = 0; nf < 4; ++nf)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mf][nf][i] = part[mf][nf][i] = 0.0f;
+
+    auto compute = [&](int s) {
+      const bool group_end = kQuant && (s + 1) % spg == 0;
+      float sc[2][2] = {}, bi[2][2] = {};
+      if (group_end) {  // issued before the MMAs, which hide the latency
+        const int64_t grp = int64_t(s) * kBK / a.w.group_size;
+#pragma unroll
+        for (int mf = 0; mf < 2; ++mf)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t row = min(row0 + 32 * wm + 16 * mf + grp_id + 8 * h, out - 1);
+            sc[mf][h] = to_f32(__ldg(sbase + row * groups + grp));
+            // The codes were centered: b + z s multiplies sum(x). One f32 rounding, as in fma(s, q, b).
+            bi[mf][h] = fmaf(kCodeZero, sc[mf][h], bbase ? to_f32(__ldg(bbase + row * groups + grp)) : 0.0f);
+          }
+      }
+      // A fragments of both k16 steps. Shared loads: 4-bit rows are 16 bytes, so the 32 lanes' words (row
+      // grp_id, word tig) are 32 consecutive words; 8-bit: each half-warp reads 128 consecutive bytes; bf16:
+      // each quarter-warp reads 128 consecutive bytes.
+      const unsigned char* ws = wq + (s % kStages) * (kBM * kRowBytes<F>);
+      uint32_t af[2][2][4];
+#pragma unroll
+      for (int mf = 0; mf < 2; ++mf) {
+        const int r = 32 * wm + 16 * mf + grp_id;
+        const unsigned char* p0 = ws + r * kRowBytes<F>;
+        const unsigned char* p1 = p0 + 8 * kRowBytes<F>;
+        if constexpr (F == Fmt::kQ4) {
+          const uint32_t w0 = reinterpret_cast<const uint32_t*>(p0)[tig];
+          const uint32_t w1 = reinterpret_cast<const uint32_t*>(p1)[tig];
+#pragma unroll
+          for (int ks = 0; ks < 2; ++ks) {
+            af[mf][ks][0] = q4_pair(w0, 2 * ks);
+            af[mf][ks][1] = q4_pair(w1, 2 * ks);
+            af[mf][ks][2] = q4_pair(w0, 2 * ks + 1);
+            af[mf][ks][3] = q4_pair(w1, 2 * ks + 1);
+          }
+        } else if constexpr (F == Fmt::kQ8) {
+          const uint2 u0 = reinterpret_cast<const uint2*>(p0)[tig];
+          const uint2 u1 = reinterpret_cast<const uint2*>(p1)[tig];
+#pragma unroll
+          for (int ks = 0; ks < 2; ++ks) {
+            af[mf][ks][0] = q8_pair(u0.x, u0.y, 2 * ks);
+            af[mf][ks][1] = q8_pair(u1.x, u1.y, 2 * ks);
+            af[mf][ks][2] = q8_pair(u0.x, u0.y, 2 * ks + 1);
+            af[mf][ks][3] = q8_pair(u1.x, u1.y, 2 * ks + 1);
+          }
+        } else {
+          const uint4 u0 = reinterpret_cast<const uint4*>(p0)[tig];
+          const uint4 u1 = reinterpret_cast<const uint4*>(p1)[tig];
+#pragma unroll
+          for (int ks = 0; ks < 2; ++ks) {
+            af[mf][ks][0] = bf16_pair(u0, 2 * ks);
+            af[mf][ks][1] = bf16_pair(u1, 2 * ks);
+            af[mf][ks][2] = bf16_pair(u0, 2 * ks + 1);
+            af[mf][ks][3] = bf16_pair(u1, 2 * ks + 1);
+          }
+        }
+      }
+      // B fragments: one 16-byte load per lane (pair grp_id of the fragment, chunk tig) gives both k16 steps;
+      // rows of xb are 64 bytes, so each quarter-warp (2 pairs x 4 chunks) reads 128 consecutive bytes.
+      // Straight-line code over all fragments (no per-fragment branches), so the scheduler can interleave the
+      // 8 independent accumulator chains; columns past `count` compute garbage that is never stored.
+      const unsigned char* xs = xb + (s & 1) * L::kXbBuf;
+#pragma unroll
+      for (int nf = 0; nf < 4; ++nf) {
+        const unsigned char* bp = xs + (32 * wn + 8 * nf + grp_id) * (kBK * 2) + 16 * tig;
+        const uint4 bh = *reinterpret_cast<const uint4*>(bp);
+        uint4 bm = {}, bl = {};
+        if constexpr (SPLIT) {
+          bm = *reinterpret_cast<const uint4*>(bp + L::kXbPlane);
+          bl = *reinterpret_cast<const uint4*>(bp + 2 * L::kXbPlane);
+        }
+#pragma unroll
+        for (int mf = 0; mf < 2; ++mf) {
+          float* d = kQuant ? part[mf][nf] : acc[mf][nf];
+          mma_bf16(d, af[mf][0], bh.x, bh.y);
+          mma_bf16(d, af[mf][1], bh.z, bh.w);
+          if constexpr (SPLIT) {
+            mma_bf16(d, af[mf][0], bm.x, bm.y);
+            mma_bf16(d, af[mf][1], bm.z, bm.w);
+            mma_bf16(d, af[mf][0], bl.x, bl.y);
+            mma_bf16(d, af[mf][1], bl.z, bl.w);
+          }
+        }
+      }
+      if (group_end) {  // acc += s * sum((q - z) x) + (b + z s) * sum(x), per (row, pair); then part restarts
+#pragma unroll
+        for (int nf = 0; nf < 4; ++nf) {
+          const float2 xg = *reinterpret_cast<const float2*>(xsum + (s & 1) * kBN + 32 * wn + 8 * nf + 2 * tig);
+#pragma unroll
+          for (int mf = 0; mf < 2; ++mf)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int h = i >> 1;
+              const float xv = (i & 1) ? xg.y : xg.x;
+              acc[mf][nf][i] = fmaf(sc[mf][h], part[mf][nf][i], fmaf(bi[mf][h], xv, acc[mf][nf][i]));
+              part[mf][nf][i] = 0.0f;
+            }
+        }
+      }
+    };
+
+    // Pipeline: slices 0 .. kStages-2 in flight, slice 0 converted. Iteration s: slice s + 1 has landed
+    // (wait), the barrier publishes it and retires every reader of slot (s - 1) % kStages and of xb[(s + 1) & 1];
+    // then slice s + kStages - 1 is issued into that slot, slice s + 1 converted, slice s multiplied.
+#pragma unroll 1
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < n_steps) issue(st);
+      cp_async_commit();  // empty groups keep the wait counts uniform
+    }
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    convert(0);
+#pragma unroll 1
+    for (int s = 0; s < n_steps; ++s) {
+      cp_async_wait<kStages - 3>();
+      __syncthreads();
+      if (s + kStages - 1 < n_steps) issue(s + kStages - 1);
+      cp_async_commit();
+      if (s + 1 < n_steps) convert(s + 1);
+      if (warp_live) compute(s);
+    }
+
+    // C fragment (row grp_id (+8), pairs 2 tig + {0,1}) -> y[pair, row]: 8 consecutive rows per pair and store.
+    if (warp_live) {
+#pragma unroll
+      for (int mf = 0; mf < 2; ++mf)
+#pragma unroll
+        for (int nf = 0; nf < 4; ++nf) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int pair = pair_of[32 * wn + 8 * nf + 2 * tig + (i & 1)];
+            const int64_t row = row0 + 32 * wm + 16 * mf + grp_id + 8 * (i >> 1);
+            if (pair >= 0 && row < out) a.y[int64_t(pair) * out + row] = acc[mf][nf][i];
+          }
+        }
+    }
+  }
+}
+
+template <Fmt F, typename ST, bool SPLIT>
+void launch_typed(const Ctx& ctx, dim3 grid, const MmaArgs& a) {
+  constexpr size_t kSmem = Layout<F, SPLIT>::kBytes;
+  // Opt in to more than 48 KB of dynamic shared memory once per instantiation.
+  static const bool opted_in = [] {
+    CUDA_CHECK(
+        cudaFuncSetAttribute(mma_gemm_kernel<F, ST, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    return true;
+  }();
+  (void)opted_in;
+  mma_gemm_kernel<F, ST, SPLIT><<<grid, kThreads, kSmem, ctx.stream>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <Fmt F, bool SPLIT>
+void launch_scaled(const Ctx& ctx, dim3 grid, const MmaArgs& a) {
+  switch (a.w.stype) {
+    case FloatType::kF32: launch_typed<F, float, SPLIT>(ctx, grid, a); break;
+    case FloatType::kF16: launch_typed<F, __half, SPLIT>(ctx, grid, a); break;
+    case FloatType::kBF16: launch_typed<F, __nv_bfloat16, SPLIT>(ctx, grid, a); break;
+  }
+}
+
+template <bool SPLIT>
+void launch_format(const Ctx& ctx, dim3 grid, const MmaArgs& a) {
+  if (a.w.bits == 4) {
+    launch_scaled<Fmt::kQ4, SPLIT>(ctx, grid, a);
+  } else if (a.w.bits == 8) {
+    launch_scaled<Fmt::kQ8, SPLIT>(ctx, grid, a);
+  } else {
+    launch_typed<Fmt::kBF16, float, SPLIT>(ctx, grid, a);  // ST unused for dense weights
+  }
+}
+
+size_t smem_bytes(int bits, bool split) {
+  if (bits == 4) return split ? Layout<Fmt::kQ4, true>::kBytes : Layout<Fmt::kQ4, false>::kBytes;
+  if (bits == 8) return split ? Layout<Fmt::kQ8, true>::kBytes : Layout<Fmt::kQ8, false>::kBytes;
+  return split ? Layout<Fmt::kBF16, true>::kBytes : Layout<Fmt::kBF16, false>::kBytes;
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+bool mma_gemm_supported(const Ctx& ctx, const WeightView& w, const float* x, MmaPrecision precision) {
+  if (!aligned16(w.w) || !aligned16(x) || w.in <= 0) return false;
+  if (w.bits == 4 || w.bits == 8) {
+    if (w.in % kBK != 0 || w.group_size <= 0 || w.group_size % kBK != 0) return false;
+  } else if (w.bits == 0) {
+    if (w.wtype != FloatType::kBF16 || w.in % 8 != 0) return false;
+  } else {
+    return false;
+  }
+  return smem_bytes(w.bits, precision == MmaPrecision::kSplitX) <= size_t(ctx.max_smem_optin);
+}
+
+}  // namespace
+
+bool launch_gemm_mma(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
+                     const TileList* tiles, int64_t max_tiles, float* y, MmaPrecision precision) {
+  if (n_pairs == 0 || w.out == 0) return true;
+  if (!mma_gemm_supported(ctx, w, x, precision)) return false;
+  CUDA_REQUIRE(n_pairs > 0 && n_pairs < (int64_t(1) << 31), "gemm (mma): bad pair count");
+  const int64_t row_blocks = (w.out + kBM - 1) / kBM;
+  const int64_t tile_blocks = tiles ? max_tiles : (n_pairs + kBN - 1) / kBN;
+  CUDA_REQUIRE(row_blocks < (int64_t(1) << 31), "gemm (mma): too many output rows");
+  const dim3 grid{unsigned(row_blocks), unsigned(std::min<int64_t>(std::max<int64_t>(tile_blocks, 1), 65535))};
+  const MmaArgs a{w, x, y, map, n_pairs, tiles ? *tiles : TileList{}, max_tiles};
+  if (precision == MmaPrecision::kSplitX) {
+    launch_format<true>(ctx, grid, a);
+  } else {
+    launch_format<false>(ctx, grid, a);
+  }
+  return true;
+}
+
+}  // namespace moecel::cuda

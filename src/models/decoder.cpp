@@ -1,0 +1,257 @@
+// The shared decoder skeleton: config fields, weight binding of the attention backbone, and the forward pass
+// that calls each family's feed-forward block. Semantics follow transformers' Llama-style decoders
+// (modeling_qwen2_moe.py, modeling_qwen3_moe.py, modeling_mixtral.py, modeling_dots1.py).
+#include "models/decoder.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace moecel {
+
+DecoderConfig::DecoderConfig(const ModelConfig& c, double default_eps, double default_theta,
+                             int64_t default_max_positions) {
+  vocab_size = c.get_int("vocab_size", 1, 1 << 24);
+  hidden_size = c.get_int("hidden_size", 1, 1 << 20);
+  n_layers = c.get_int("num_hidden_layers", 1, 4096);
+  n_heads = c.get_int("num_attention_heads", 1, 4096);
+  n_kv_heads = c.get_int_or("num_key_value_heads", n_heads, 1, n_heads);
+  MOECEL_CHECK(n_heads % n_kv_heads == 0, "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
+               c.source(), n_heads, n_kv_heads);
+  if (c.has("head_dim")) {
+    head_dim = c.get_int("head_dim", 1, 1 << 16);
+  } else {
+    MOECEL_CHECK(hidden_size % n_heads == 0,
+                 "{}: hidden_size {} is not divisible by num_attention_heads {} (and no head_dim is given)", c.source(),
+                 hidden_size, n_heads);
+    head_dim = hidden_size / n_heads;
+  }
+  MOECEL_CHECK(head_dim % 2 == 0, "{}: head dimension {} must be even for rotary embeddings", c.source(), head_dim);
+  max_position_embeddings = c.get_int_or("max_position_embeddings", default_max_positions, 1, int64_t(1) << 24);
+  rms_norm_eps = c.get_float_or("rms_norm_eps", default_eps);
+  rope_theta = c.rope_theta(default_theta);
+  const std::string rope = c.rope_type();
+  MOECEL_CHECK(rope == "default", "{}: rope type '{}' is not supported (only the default rotary embedding)", c.source(),
+               rope);
+  tie_word_embeddings = c.get_bool_or("tie_word_embeddings", false);
+  check_silu_activation(c);
+}
+
+Tensor GatedMlp::forward(Backend& be, const Tensor& x) const {
+  const int64_t n = x.dim(0);
+  Tensor g = be.scratch(DType::kF32, {n, gate.out});
+  Tensor u = be.scratch(DType::kF32, {n, up.out});
+  be.linear(gate, x, g);
+  be.linear(up, x, u);
+  be.glu(Activation::kSiLU, g, u, g);  // (n_tokens, ffn)
+  Tensor y = be.scratch(DType::kF32, {n, down.out});
+  be.linear(down, g, y);
+  return y;
+}
+
+GatedMlp load_gated_mlp(WeightLoader& wl, const std::string& prefix, int64_t hidden, int64_t ffn) {
+  GatedMlp m;
+  m.gate = wl.linear(prefix + ".gate_proj", ffn, hidden);
+  m.up = wl.linear(prefix + ".up_proj", ffn, hidden);
+  m.down = wl.linear(prefix + ".down_proj", hidden, ffn);
+  return m;
+}
+
+std::vector<int64_t> layer_list(const ModelConfig& c, const std::string& key, int64_t n_layers) {
+  std::vector<int64_t> out;
+  if (!c.has(key)) return out;
+  const nlohmann::json& v = c.json()[key];
+  MOECEL_CHECK(v.is_array(), "{}: field '{}' must be a list of layer indices", c.source(), key);
+  for (const auto& e : v) {
+    MOECEL_CHECK(e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() < n_layers,
+                 "{}: field '{}' must hold layer indices in [0, {}), got {}", c.source(), key, n_layers, e.dump());
+    out.push_back(e.get<int64_t>());
+  }
+  return out;
+}
+
+std::vector<bool> sliding_layer_types(const ModelConfig& c, int64_t n_layers) {
+  std::vector<bool> out;
+  if (!c.has("layer_types")) return out;
+  const nlohmann::json& v = c.json()["layer_types"];
+  MOECEL_CHECK(v.is_array() && int64_t(v.size()) == n_layers, "{}: field 'layer_types' must list {} layer types",
+               c.source(), n_layers);
+  for (const auto& e : v) {
+    const std::string t = e.is_string() ? e.get<std::string>() : e.dump();
+    MOECEL_CHECK(t == "sliding_attention" || t == "full_attention",
+                 "{}: layer type '{}' is not supported (expected sliding_attention or full_attention)", c.source(), t);
+    out.push_back(t == "sliding_attention");
+  }
+  return out;
+}
+
+int64_t window_field(const ModelConfig& c, const std::string& key, int64_t def) {
+  if (!c.json().contains(key)) return def;
+  if (c.json()[key].is_null()) return 0;
+  return c.get_int(key, 0, int64_t(1) << 31);
+}
+
+std::string field_alias(const ModelConfig& c, std::initializer_list<const char*> keys) {
+  for (const char* k : keys) {
+    if (c.has(k)) return k;
+  }
+  return *keys.begin();
+}
+
+void check_silu_activation(const ModelConfig& c) {
+  const std::string act = c.has("hidden_act") ? c.get_string("hidden_act") : "silu";
+  MOECEL_CHECK(act == "silu", "{}: hidden_act '{}' is not supported for {} (expected silu)", c.source(), act,
+               c.model_type());
+}
+
+std::vector<int32_t> read_eos_ids(const ModelConfig& c) {
+  std::vector<int32_t> out;
+  if (!c.has("eos_token_id")) return out;
+  const auto& e = c.json()["eos_token_id"];
+  if (e.is_number_integer()) {
+    out.push_back(e.get<int32_t>());
+  } else if (e.is_array()) {
+    for (const auto& v : e) {
+      MOECEL_CHECK(v.is_number_integer(), "{}: field 'eos_token_id' must hold integers", c.source());
+      out.push_back(v.get<int32_t>());
+    }
+  } else {
+    fail("{}: field 'eos_token_id' must be an integer or a list of integers", c.source());
+  }
+  return out;
+}
+
+void DecoderModel::load_backbone(WeightLoader& wl, const AttentionOptions& opt, const std::vector<int>& windows) {
+  const int64_t h = dc_.hidden_size, qw = dc_.n_heads * dc_.head_dim, kw = dc_.n_kv_heads * dc_.head_dim;
+  MOECEL_CHECK(int64_t(windows.size()) == dc_.n_layers, "decoder: {} layer windows for {} layers", windows.size(),
+               dc_.n_layers);
+  embed_ = wl.linear("model.embed_tokens", dc_.vocab_size, h);
+  layers_.clear();
+  for (int64_t l = 0; l < dc_.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l);
+    const std::string a = p + ".self_attn.";
+    Layer ly;
+    ly.input_norm = wl.vector(p + ".input_layernorm.weight", h);
+    ly.post_norm = wl.vector(p + ".post_attention_layernorm.weight", h);
+    ly.q_proj = wl.linear(a + "q_proj", qw, h);
+    ly.k_proj = wl.linear(a + "k_proj", kw, h);
+    ly.v_proj = wl.linear(a + "v_proj", kw, h);
+    ly.o_proj = wl.linear(a + "o_proj", h, qw);
+    if (opt.qkv_bias) {
+      ly.q_bias = wl.vector(a + "q_proj.bias", qw);
+      ly.k_bias = wl.vector(a + "k_proj.bias", kw);
+      ly.v_bias = wl.vector(a + "v_proj.bias", kw);
+    }
+    if (opt.o_bias) ly.o_bias = wl.vector(a + "o_proj.bias", h);
+    if (opt.qk_norm) {
+      ly.q_norm = wl.vector(a + "q_norm.weight", dc_.head_dim);
+      ly.k_norm = wl.vector(a + "k_norm.weight", dc_.head_dim);
+    }
+    ly.window = windows[size_t(l)];
+    layers_.push_back(std::move(ly));
+  }
+  final_norm_ = wl.vector("model.norm.weight", h);
+  lm_head_ = dc_.tie_word_embeddings && !wl.has("lm_head.weight") ? embed_ : wl.linear("lm_head", dc_.vocab_size, h);
+}
+
+Tensor DecoderModel::forward(std::span<const int32_t> ids, KvCache& cache, bool all_logits) {
+  Backend& be = *backend_;
+  const int64_t n = int64_t(ids.size());
+  MOECEL_CHECK(n >= 1, "forward needs at least one token");
+  for (int32_t id : ids) {
+    MOECEL_CHECK(id >= 0 && id < dc_.vocab_size, "token id {} is outside the vocabulary [0, {})", id, dc_.vocab_size);
+  }
+  Tensor tok = be.scratch(DType::kI32, {n});
+  be.from_host(ids.data(), tok);
+  return forward_device(tok, cache, all_logits);
+}
+
+// Every activation below is fully written by the op that produces it, hence scratch (no memset).
+Tensor DecoderModel::forward_device(const Tensor& tok, KvCache& cache, bool all_logits) {
+  Backend& be = *backend_;
+  const int64_t n = tok.numel(), h = dc_.hidden_size, pos0 = cache.length;
+  const int64_t qw = dc_.n_heads * dc_.head_dim, kw = dc_.n_kv_heads * dc_.head_dim;
+  MOECEL_CHECK(n >= 1, "forward needs at least one token");
+  MOECEL_CHECK(tok.dtype == DType::kI32, "forward: token ids must be I32");
+  MOECEL_CHECK(pos0 + n <= cache.capacity, "context of {} tokens exceeds the KV cache capacity {}", pos0 + n,
+               cache.capacity);
+  Tensor x = be.scratch(DType::kF32, {n, h});  // (n_tokens, hidden_size): the residual stream
+  be.embedding(embed_, tok, x);
+  Tensor xn = be.scratch(DType::kF32, {n, h}), o = be.scratch(DType::kF32, {n, h});
+  Tensor q = be.scratch(DType::kF32, {n, qw}), att = be.scratch(DType::kF32, {n, qw});
+  Tensor k = be.scratch(DType::kF32, {n, kw}), v = be.scratch(DType::kF32, {n, kw});
+  const float scale = float(1.0 / std::sqrt(double(dc_.head_dim)));
+  const float eps = float(dc_.rms_norm_eps), theta = float(dc_.rope_theta);
+  const int n_heads = int(dc_.n_heads), n_kv_heads = int(dc_.n_kv_heads), head_dim = int(dc_.head_dim);
+  be.rms_norm(x, layers_[0].input_norm, eps, xn);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& ly = layers_[l];
+    // attention: h = x + o_proj(attn(rope(q_norm(q_proj(xn))), rope(k_norm(k_proj(xn))), v_proj(xn)))
+    // (xn = input_layernorm(x) was computed before the loop or fused into the previous layer's last add)
+    be.linear(ly.q_proj, xn, q);
+    be.linear(ly.k_proj, xn, k);
+    be.linear(ly.v_proj, xn, v);
+    if (ly.q_bias.data) {
+      be.add_bias(q, ly.q_bias);
+      be.add_bias(k, ly.k_bias);
+      be.add_bias(v, ly.v_bias);
+    }
+    if (ly.q_norm.data) {  // per head: the norm weight has head_dim elements, so every head is one row
+      be.rms_norm(q, ly.q_norm, eps, q);
+      be.rms_norm(k, ly.k_norm, eps, k);
+    }
+    be.rope(q, pos0, n_heads, head_dim, head_dim, theta);
+    be.rope(k, pos0, n_kv_heads, head_dim, head_dim, theta);
+    be.kv_store(k, v, cache.k[l], cache.v[l], pos0);
+    be.attention(q, cache.k[l], cache.v[l], pos0, n_heads, n_kv_heads, head_dim, scale, ly.window, att);
+    be.linear(ly.o_proj, att, o);
+    if (ly.o_bias.data) be.add_bias(o, ly.o_bias);
+    // feed-forward: x = h + ffn(post_attention_layernorm(h))
+    be.add_rms_norm(x, o, x, ly.post_norm, eps, xn);
+    Tensor f = feed_forward(be, l, xn);
+    if (l + 1 < layers_.size()) {
+      be.add_rms_norm(x, f, x, layers_[l + 1].input_norm, eps, xn);  // and the next layer's input norm
+    } else {
+      be.add(x, f, x);
+    }
+  }
+  Tensor last = all_logits ? x : x.slice_rows(n - 1, n);
+  Tensor normed = be.scratch(DType::kF32, last.shape);
+  be.rms_norm(last, final_norm_, eps, normed);
+  Tensor logits = be.scratch(DType::kF32, {last.dim(0), dc_.vocab_size});
+  be.linear(lm_head_, normed, logits);
+  cache.length = pos0 + n;
+  return logits;
+}
+
+size_t DecoderModel::attention_bytes(const Layer& ly) const {
+  size_t b = ly.q_proj.total_bytes() + ly.k_proj.total_bytes() + ly.v_proj.total_bytes() + ly.o_proj.total_bytes();
+  for (const Tensor* t : {&ly.q_bias, &ly.k_bias, &ly.v_bias, &ly.o_bias, &ly.q_norm, &ly.k_norm}) {
+    if (t->data) b += t->nbytes();
+  }
+  return b + ly.input_norm.nbytes() + ly.post_norm.nbytes();
+}
+
+void DecoderModel::fill_info(const ModelConfig& c, int64_t n_moe_layers, size_t ffn_total, size_t ffn_active) {
+  info_.model_type = c.model_type();
+  info_.vocab_size = dc_.vocab_size;
+  info_.hidden_size = dc_.hidden_size;
+  info_.n_layers = dc_.n_layers;
+  info_.n_moe_layers = n_moe_layers;
+  info_.n_kv_heads = dc_.n_kv_heads;
+  info_.head_dim = dc_.head_dim;
+  info_.max_position_embeddings = dc_.max_position_embeddings;
+  info_.eos_token_ids = read_eos_ids(c);
+  const bool tied = lm_head_.weight.data == embed_.weight.data;
+  size_t total = embed_.total_bytes() + (tied ? 0 : lm_head_.total_bytes()) + final_norm_.nbytes() + ffn_total;
+  // lm_head + one embedding row (approx.) + the final norm
+  size_t active = lm_head_.total_bytes() + size_t(dc_.hidden_size) * 4 + final_norm_.nbytes() + ffn_active;
+  for (const Layer& ly : layers_) {
+    total += attention_bytes(ly);
+    active += attention_bytes(ly);
+  }
+  info_.weight_bytes = total;
+  info_.active_bytes_per_token = active;
+}
+
+}  // namespace moecel

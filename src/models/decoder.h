@@ -1,0 +1,89 @@
+// The pre-norm decoder skeleton shared by the Llama-style MoE families: embedding, per layer
+// `h = x + attn(input_layernorm(x))` and `x = h + ffn(post_attention_layernorm(h))`, final norm, lm_head.
+// Attention takes optional q/k/v/o biases, per-head q/k RMSNorm and a per-layer sliding window; the family file
+// supplies the config, its feed-forward blocks (routed experts through SwitchGLU) and the weight names.
+// Used by: qwen2_moe, qwen3_moe, mixtral, dots1.
+#pragma once
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "io/config.h"
+#include "models/model.h"
+#include "models/weights.h"
+
+namespace moecel {
+
+// The fields every decoder family reads, by their HF names.
+struct DecoderConfig {
+  int64_t vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim, max_position_embeddings;
+  double rms_norm_eps, rope_theta;
+  bool tie_word_embeddings;
+  // head_dim: the explicit "head_dim" when present, else hidden_size / num_attention_heads.
+  DecoderConfig(const ModelConfig& c, double default_eps, double default_theta, int64_t default_max_positions);
+};
+
+// A dense SwiGLU block, down(silu(gate(x)) * up(x)): dense layers and shared experts.
+struct GatedMlp {
+  LinearWeight gate, up, down;  // (ffn, hidden), (ffn, hidden), (hidden, ffn)
+  // x (n_tokens, hidden) -> a new (n_tokens, hidden)
+  Tensor forward(Backend& be, const Tensor& x) const;
+  size_t bytes() const { return gate.total_bytes() + up.total_bytes() + down.total_bytes(); }
+};
+// {prefix}.gate_proj, {prefix}.up_proj, {prefix}.down_proj
+GatedMlp load_gated_mlp(WeightLoader& wl, const std::string& prefix, int64_t hidden, int64_t ffn);
+
+// Config helpers. A list of layer indices (e.g. "mlp_only_layers"; empty when missing or null).
+std::vector<int64_t> layer_list(const ModelConfig& c, const std::string& key, int64_t n_layers);
+// "layer_types" when present: true for "sliding_attention", false for "full_attention" (anything else throws).
+std::vector<bool> sliding_layer_types(const ModelConfig& c, int64_t n_layers);
+// A window size field where null means none (0) and a missing field means `def`.
+int64_t window_field(const ModelConfig& c, const std::string& key, int64_t def);
+// The first of `keys` present (not null) in the config, or `keys[0]` when none is: for fields transformers reads
+// under an alias (attribute_map), e.g. {"num_experts", "num_local_experts"}.
+std::string field_alias(const ModelConfig& c, std::initializer_list<const char*> keys);
+// Throws unless hidden_act is silu (the only activation these families use).
+void check_silu_activation(const ModelConfig& c);
+std::vector<int32_t> read_eos_ids(const ModelConfig& c);
+
+class DecoderModel : public Model {
+ public:
+  Tensor forward(std::span<const int32_t> ids, KvCache& cache, bool all_logits) override;
+  bool has_device_forward() const override { return true; }
+  Tensor forward_device(const Tensor& ids, KvCache& cache, bool all_logits) override;
+
+ protected:
+  struct AttentionOptions {
+    bool qkv_bias = false;  // {q,k,v}_proj.bias
+    bool o_bias = false;    // o_proj.bias
+    bool qk_norm = false;   // self_attn.{q,k}_norm.weight (head_dim,), applied per head before rotary
+  };
+  DecoderModel(Backend& backend, const DecoderConfig& dc) : Model(backend), dc_(dc) {}
+
+  // Binds model.embed_tokens, every layer's input/post-attention norms and self_attn, model.norm and lm_head.
+  // windows: per layer sliding window in keys (0: full causal attention).
+  void load_backbone(WeightLoader& wl, const AttentionOptions& opt, const std::vector<int>& windows);
+  // The family's feed-forward block of `layer`: xn (n_tokens, hidden_size) = post_attention_layernorm(h)
+  // -> a new (n_tokens, hidden_size) tensor (never xn itself).
+  virtual Tensor feed_forward(Backend& be, size_t layer, const Tensor& xn) const = 0;
+  // Fills info_. ffn_total: bytes of every feed-forward weight; ffn_active: the bytes one decode token reads.
+  void fill_info(const ModelConfig& c, int64_t n_moe_layers, size_t ffn_total, size_t ffn_active);
+
+  DecoderConfig dc_;
+
+ private:
+  struct Layer {
+    Tensor input_norm, post_norm;  // (hidden_size,)
+    LinearWeight q_proj, k_proj, v_proj, o_proj;
+    Tensor q_bias, k_bias, v_bias, o_bias;  // (width,) or empty
+    Tensor q_norm, k_norm;                  // (head_dim,) or empty
+    int window = 0;
+  };
+  size_t attention_bytes(const Layer& ly) const;
+
+  LinearWeight embed_, lm_head_;
+  Tensor final_norm_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace moecel

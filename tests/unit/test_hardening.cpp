@@ -1,0 +1,66 @@
+// Regressions for defects found by the fuzz targets (fuzz/) and the broken-checkpoint corpus
+// (tests/model/test_broken_corpus.cpp): each test reproduces the input that exposed one.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "core/error.h"
+#include "io/json_parse.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace moecel {
+namespace {
+
+// The message of the moecel::Error that f throws ("" when it does not throw).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool is_ascii(const std::string& s) {
+  for (char c : s) {
+    if (static_cast<unsigned char>(c) >= 0x80) return false;
+  }
+  return true;
+}
+
+// nlohmann's parse errors quote the last bytes read verbatim; from a non-UTF-8 file that put raw invalid bytes
+// into the one-line message the CLI prints. They are now shown as \xNN.
+TEST(Hardening, JsonErrorOfNonUtf8InputIsEscaped) {
+  const std::string msg = error_of([] { parse_json_strict("{\"w\xff\xfe\": 1}", "x.json"); });
+  EXPECT_NE(msg.find("x.json: invalid JSON"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ill-formed UTF-8"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"w\\xFF"), std::string::npos) << msg;
+  EXPECT_TRUE(is_ascii(msg)) << msg;
+}
+
+TEST(Hardening, TokenizerJsonErrorOfNonUtf8InputIsEscaped) {
+  const std::string msg = error_of([] { Tokenizer::from_json("{\"model\": \"\xc3\x28\"}", "tok.json"); });
+  EXPECT_NE(msg.find("tok.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\\xC3"), std::string::npos) << msg;
+  EXPECT_TRUE(is_ascii(msg)) << msg;
+}
+
+TEST(Hardening, TokenizerConfigErrorOfNonUtf8InputIsEscaped) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("moecel-hardening-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer_config.json") << "{\"chat_template\": \"\xff\"}";
+  const std::string msg = error_of([&] { ChatTemplate::from_tokenizer_config(dir.string()); });
+  std::filesystem::remove_all(dir);
+  EXPECT_NE(msg.find("tokenizer_config.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\\xFF"), std::string::npos) << msg;
+  EXPECT_TRUE(is_ascii(msg)) << msg;
+}
+
+}  // namespace
+}  // namespace moecel
