@@ -223,6 +223,17 @@ bool parse_int(const std::string& s, int64_t base, int64_t* out) {
   return true;
 }
 
+// A finite double truncated to int64; outside that range the cast would be undefined behaviour (jinja2 would
+// give a Python big integer), so it is an error.
+int64_t truncate_to_int(double d) {
+  const double t = std::trunc(d);
+  if (!(t >= -9223372036854775808.0 && t < 9223372036854775808.0)) {
+    fail("int: {} is outside the 64-bit integer range (Python integers are unbounded, this engine uses 64 bits)",
+         float_repr(d));
+  }
+  return static_cast<int64_t>(t);
+}
+
 Value f_int(Interp&, const Value& v, CallArgs& a) {
   auto p = bind_args("int", a, {"default", "base"});
   Value def = given(p[0]) ? p[0] : Value::integer(0);
@@ -231,14 +242,13 @@ Value f_int(Interp&, const Value& v, CallArgs& a) {
   if (v.is_float()) {
     double d = v.as_double();
     if (std::isnan(d) || std::isinf(d)) fail("cannot convert float {} to integer", float_repr(d));
-    return Value::integer(static_cast<int64_t>(std::trunc(d)));
+    return Value::integer(truncate_to_int(d));
   }
   if (v.is_number()) return Value::integer(v.get_int());
   int64_t i;
   double d;
   if (v.is_string() && parse_int(v.str(), base, &i)) return Value::integer(i);
-  if (v.is_string() && parse_float(v.str(), &d) && std::isfinite(d))
-    return Value::integer(static_cast<int64_t>(std::trunc(d)));
+  if (v.is_string() && parse_float(v.str(), &d) && std::isfinite(d)) return Value::integer(truncate_to_int(d));
   return def;
 }
 

@@ -809,9 +809,9 @@ TEST_F(CudaOps, MmaModeRejectsUnknownValue) {
 // ---- golden-model shapes (hidden 64-256, groups 32-128, ~20 tokens, 0-5 pairs per expert) against f64 ----
 // 5 to 20 tokens: up to kGemvMaxTokens (4) the matrix-vector kernels run instead of launch_gemm.
 
-// Split x must be as exact as f32 dots: ~1e-13 here against f64 (the f32 accumulation only). x as two bf16 terms
-// with raw codes gave 1e-11 .. 6e-11 on these inputs (4e-12 dense), which the tiny golden models amplified to
-// 1e-4 .. 3e-4 relative L2 in their logits; the CUDA-core kernel gives ~1e-13.
+// Split x must be as exact as f32 dots: at most ~3e-13 here against f64 (the truncating f32 accumulation only). x
+// as two bf16 terms with raw codes gave 1e-11 .. 9e-11 on these inputs (~5e-12 dense), which the tiny golden models
+// amplified to 1e-4 .. 3e-4 relative L2 in their logits; the CUDA-core kernel gives ~1e-13.
 constexpr double kMatmulSmall = 2e-12;
 
 constexpr GemmMode kSmallModes[] = {

@@ -139,6 +139,7 @@ TEST_P(FusedMoeCuda, MatchesReferenceGatherAndIsDeterministic) {
   EXPECT_EQ(fused, run_cuda(p, c.act, true)) << "rerun differs";
   EXPECT_EQ(fused, run_cuda(p, c.act, true, "1")) << "1 row per warp differs";
   EXPECT_EQ(fused, run_cuda(p, c.act, true, "4")) << "4 rows per warp differs";
+  EXPECT_EQ(fused, run_cuda(p, c.act, true, "0")) << "the pipelined kernel A differs";
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "io/json_parse.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/jinja.h"
 #include "tokenizer/tokenizer.h"
 
 namespace moecel {
@@ -60,6 +61,22 @@ TEST(Hardening, TokenizerConfigErrorOfNonUtf8InputIsEscaped) {
   EXPECT_NE(msg.find("tokenizer_config.json"), std::string::npos) << msg;
   EXPECT_NE(msg.find("\\xFF"), std::string::npos) << msg;
   EXPECT_TRUE(is_ascii(msg)) << msg;
+}
+
+// fuzz_chat_template: `'4555...52' | int` parsed the string as the float 4.6e50 and cast it to int64, which is
+// undefined behaviour (UBSan: "4.55556e+50 is outside the range of representable values of type 'long'"); the
+// same for a float filtered through int. Out-of-range values are now an error (jinja2 would give a big integer).
+TEST(Hardening, JinjaIntFilterOutOfRangeIsAnError) {
+  const nlohmann::json ctx = {{"big", 1e30}, {"edge", 9.2e18}, {"neg", -9.3e18}};
+  auto render = [&](const std::string& src) { return jinja::Template(src).render(ctx); };
+  for (const char* src : {"{{ '455555555555555555555555555555555555555555555555552' | int }}", "{{ big | int }}",
+                          "{{ neg | int }}", "{{ '9.3e18' | int }}", "{{ '-1e19' | int(7) }}"}) {
+    const std::string msg = error_of([&] { render(src); });
+    EXPECT_NE(msg.find("outside the 64-bit integer range"), std::string::npos) << src << " gave: " << msg;
+  }
+  EXPECT_EQ(render("{{ edge | int }}"), "9200000000000000000");
+  EXPECT_EQ(render("{{ '-9.2e18' | int }}"), "-9200000000000000000");
+  EXPECT_EQ(render("{{ '42' | int }} {{ 2.9 | int }} {{ -2.9 | int }} {{ 'x' | int(7) }}"), "42 2 -2 7");
 }
 
 }  // namespace

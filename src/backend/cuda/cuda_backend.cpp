@@ -136,8 +136,8 @@ struct StepIo {
 };
 
 // Launch-width knobs of the fused path, read once per backend (results do not depend on them):
-// MOECEL_CUDA_FUSED_ROWS (rows per warp of kernel A: 1, 2, 4), MOECEL_CUDA_FUSED_DOWN_ROWS (kernel B: 1, 2) and
-// MOECEL_CUDA_FUSED_SLOTS (slots kernel B stages at once: 1, 2, 4, 8).
+// MOECEL_CUDA_FUSED_ROWS (rows per warp of kernel A: 1, 2, 4; 0 = the pipelined grid-stride kernel A),
+// MOECEL_CUDA_FUSED_DOWN_ROWS (kernel B: 1, 2) and MOECEL_CUDA_FUSED_SLOTS (slots kernel B stages at once: 1, 2, 4, 8).
 int knob_from_env(const char* name, int fallback, std::initializer_list<int> allowed) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -151,7 +151,7 @@ int knob_from_env(const char* name, int fallback, std::initializer_list<int> all
 
 struct CudaBackend::Impl {
   cuda::Ctx ctx;
-  int fused_rows_per_warp = knob_from_env("MOECEL_CUDA_FUSED_ROWS", 2, {1, 2, 4});
+  int fused_rows_per_warp = knob_from_env("MOECEL_CUDA_FUSED_ROWS", 2, {0, 1, 2, 4});
   int fused_down_rows_per_warp = knob_from_env("MOECEL_CUDA_FUSED_DOWN_ROWS", 1, {1, 2});
   int fused_slot_batch = knob_from_env("MOECEL_CUDA_FUSED_SLOTS", 4, {1, 2, 4, 8});
   std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();

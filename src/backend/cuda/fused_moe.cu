@@ -130,6 +130,91 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_kernel(FusedMoeArgs a,
   }
 }
 
+// Kernel A as a software pipeline: a grid sized to fill the GPU once, each warp walking rows n = gw, gw + W, ...
+// of the (k * ffn) (slot, row) pairs and loading row n + W's weights while it computes row n, so memory latency
+// is paid once per warp rather than once per row. x is staged once per block. Same per-row arithmetic.
+template <int BITS, typename ST, GluAct ACT>
+struct PairRows {
+  static constexpr int kPre = 2;  // chunk steps held in registers per row: all of a row up to 2048 wide
+  uint32_t wd[kPre][2][BITS];
+  float sc[kPre][2], bi[kPre][2];
+};
+
+template <int BITS, typename ST, GluAct ACT>
+__device__ __forceinline__ bool pair_load(const FusedMoeArgs& a, const RowSet<BITS, ST, 2, 2>& base, int64_t n,
+                                          int lane, int64_t n_chunks, int cpg, PairRows<BITS, ST, ACT>& pr,
+                                          uint32_t& row) {
+  const int64_t ffn = a.gate.out;
+  const int32_t e = a.indices[n / ffn];
+  if (!valid_expert(e, a.gate.n_stack)) return false;
+  row = uint32_t(int64_t(e) * ffn + n % ffn);
+  RowSet<BITS, ST, 2, 2> rs = base;
+  rs.row[0] = rs.row[1] = row;
+#pragma unroll
+  for (int p = 0; p < PairRows<BITS, ST, ACT>::kPre; ++p) {
+    const int64_t c = lane + 32 * p;
+    if (c < n_chunks) rs.load(c, c / cpg, pr.wd[p], pr.sc[p], pr.bi[p]);
+  }
+  return true;
+}
+
+template <int BITS, typename ST, GluAct ACT>
+__device__ __forceinline__ void pair_finish(const FusedMoeArgs& a, const RowSet<BITS, ST, 2, 2>& base, int64_t n,
+                                            bool valid, uint32_t row, int lane, int64_t n_chunks, int cpg,
+                                            const float* xs, PairRows<BITS, ST, ACT>& pr, unsigned* err) {
+  float acc[2] = {0.0f, 0.0f};
+  if (valid) {
+    auto x_of = [&](int) { return xs; };
+#pragma unroll
+    for (int p = 0; p < PairRows<BITS, ST, ACT>::kPre; ++p) {
+      const int64_t c = lane + 32 * p;
+      if (c < n_chunks) dot_step<BITS, 2>(pr.wd[p], pr.sc[p], pr.bi[p], c, x_of, acc);
+    }
+    RowSet<BITS, ST, 2, 2> rs = base;
+    rs.row[0] = rs.row[1] = row;
+    for (int64_t c = lane + 32 * PairRows<BITS, ST, ACT>::kPre; c < n_chunks; c += 32) {  // rows over 2048 wide
+      rs.load(c, c / cpg, pr.wd[0], pr.sc[0], pr.bi[0]);
+      dot_step<BITS, 2>(pr.wd[0], pr.sc[0], pr.bi[0], c, x_of, acc);
+    }
+  }
+  acc[0] = warp_sum(acc[0]);
+  acc[1] = warp_sum(acc[1]);
+  if (lane == 0) {
+    if (!valid) raise_device_error(err, kErrExpertIndex);
+    a.act[n] = valid ? glu_value<ACT>(acc[0], acc[1]) : __int_as_float(0x7fc00000);  // act is (k, ffn): index n
+  }
+}
+
+template <int BITS, typename ST, GluAct ACT>
+__global__ void __launch_bounds__(kThreads) fused_gate_up_pipelined_kernel(FusedMoeArgs a, unsigned* err) {
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t hidden = a.gate.in, total = int64_t(a.k) * a.gate.out;
+  const int64_t n_chunks = hidden / kChunk, W = int64_t(gridDim.x) * kWarps;
+  const int cpg = a.gate.group_size / kChunk;
+  RowSet<BITS, ST, 2, 2> base;
+  bind(base, 0, a.gate);
+  bind(base, 1, a.up);
+  PairRows<BITS, ST, ACT> buf0, buf1;
+  uint32_t row0 = 0, row1 = 0;
+  int64_t n = int64_t(blockIdx.x) * kWarps + warp;
+  bool v0 = n < total && pair_load(a, base, n, lane, n_chunks, cpg, buf0, row0);
+  stage_chunks(a.x, hidden, xs);
+  __syncthreads();
+  // Two register buffers used alternately (static indexing keeps them in registers).
+  while (n < total) {
+    const int64_t n1 = n + W;
+    const bool v1 = n1 < total && pair_load(a, base, n1, lane, n_chunks, cpg, buf1, row1);
+    pair_finish(a, base, n, v0, row0, lane, n_chunks, cpg, xs, buf0, err);
+    if (n1 >= total) break;
+    const int64_t n2 = n1 + W;
+    v0 = n2 < total && pair_load(a, base, n2, lane, n_chunks, cpg, buf0, row0);
+    pair_finish(a, base, n1, v1, row1, lane, n_chunks, cpg, xs, buf1, err);
+    n = n2;
+  }
+}
+
 // Grid (ceil(hidden / (kWarps * RPW))); dynamic shared memory: KB act rows staged, KB * (ffn / 32) * kChunkPad
 // floats. out[r] = sum over j in order of weights[j] * (down[e_j][r] . act[j]); slots are taken KB at a time.
 template <int BITS, typename ST, int KB, int RPW>
@@ -216,14 +301,25 @@ template <int BITS, typename ST, GluAct ACT>
 void launch_a_rows(const Ctx& ctx, const FusedMoeArgs& a) {
   const int64_t ffn = a.gate.out;
   const int rpw = a.rows_per_warp;
-  const dim3 grid{unsigned((ffn + kWarps * rpw - 1) / (kWarps * rpw)), unsigned(a.k)};
   const size_t smem = staged_bytes(a.gate.in);
   CUDA_REQUIRE(smem <= size_t(ctx.max_smem_optin), "fused_moe: hidden size too large to stage x");
+  if (rpw == 0) {  // the pipelined kernel: as many blocks as fit on the GPU at once
+    auto kernel = fused_gate_up_pipelined_kernel<BITS, ST, ACT>;
+    if (smem > 48 * 1024) {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    }
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+    const int64_t want = (int64_t(a.k) * ffn + kWarps - 1) / kWarps;
+    const dim3 g{unsigned(std::max<int64_t>(1, std::min<int64_t>(want, int64_t(std::max(per_sm, 1)) * ctx.sm_count)))};
+    return launch_kernel(ctx, kernel, g, smem, a);
+  }
+  const dim3 grid{unsigned((ffn + kWarps * rpw - 1) / (kWarps * rpw)), unsigned(a.k)};
   switch (rpw) {
     case 1: launch_kernel(ctx, fused_gate_up_kernel<BITS, ST, ACT, 1>, grid, smem, a); break;
     case 2: launch_kernel(ctx, fused_gate_up_kernel<BITS, ST, ACT, 2>, grid, smem, a); break;
     case 4: launch_kernel(ctx, fused_gate_up_kernel<BITS, ST, ACT, 4>, grid, smem, a); break;
-    default: CUDA_REQUIRE(false, "fused_moe: rows_per_warp must be 1, 2 or 4");
+    default: CUDA_REQUIRE(false, "fused_moe: rows_per_warp must be 0 (pipelined), 1, 2 or 4");
   }
 }
 

@@ -25,6 +25,9 @@ namespace {
 //    golden checkpoints' logits amplified past 1e-4 relative L2.
 //  - kBf16X (MOECEL_CUDA_MMA=fast): x = bf16(x) only; relative rounding error <= 2^-8 per element, which gives a
 //    normalized MSE of ~3e-6 against f32 (like running the activations in bf16), at a third of the MMA work.
+// Tensor cores truncate each MMA's f32 sum toward zero, a bias that grows with the length of a chain of MMAs on
+// one accumulator; so the MMAs accumulate into `part` for one group (quantized) or one 32-slice (dense) only, and
+// `part` is folded into `acc` with round-to-nearest f32 arithmetic.
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"; groupID = lane / 4,
 // tig = lane % 4; two bf16 per .b32 register, the lower-indexed element in the lower 16 bits):
@@ -271,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
 
     // A warp whose 32 pairs or 32 rows are all past the tile's end only joins the loads and barriers.
     const bool warp_live = count > 32 * wn && row0 + 32 * wm < out;
-    float acc[2][4][4], part[2][4][4];  // part: the current group's sum of q * x (quantized weights only)
+    float acc[2][4][4], part[2][4][4];  // part: this group's sum of (q - z) x, or this slice's sum of w x (dense)
 #pragma unroll
     for (int mf = 0; mf < 2; ++mf)
 #pragma unroll
@@ -352,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
         }
 #pragma unroll
         for (int mf = 0; mf < 2; ++mf) {
-          float* d = kQuant ? part[mf][nf] : acc[mf][nf];
+          float* d = part[mf][nf];
           mma_bf16(d, af[mf][0], bh.x, bh.y);
           mma_bf16(d, af[mf][1], bh.z, bh.w);
           if constexpr (SPLIT) {
@@ -377,6 +380,16 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
               part[mf][nf][i] = 0.0f;
             }
         }
+      } else if constexpr (!kQuant) {  // dense: acc += part per slice (short truncating MMA chains, see above)
+#pragma unroll
+        for (int mf = 0; mf < 2; ++mf)
+#pragma unroll
+          for (int nf = 0; nf < 4; ++nf)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              acc[mf][nf][i] += part[mf][nf][i];
+              part[mf][nf][i] = 0.0f;
+            }
       }
     };
 
