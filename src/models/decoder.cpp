@@ -3,6 +3,7 @@
 // (modeling_qwen2_moe.py, modeling_qwen3_moe.py, modeling_mixtral.py, modeling_dots1.py).
 #include "models/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -35,6 +36,14 @@ DecoderConfig::DecoderConfig(const ModelConfig& c, double default_eps, double de
                rope);
   tie_word_embeddings = c.get_bool_or("tie_word_embeddings", false);
   check_silu_activation(c);
+}
+
+DecoderTensorShape DecoderConfig::test_shape(const AttentionOptions& opt) const {
+  DecoderTensorShape d{vocab_size, hidden_size, n_layers, n_heads * head_dim, n_kv_heads * head_dim};
+  if (opt.qk_norm) d.q_norm = d.k_norm = head_dim;
+  d.qkv_bias = opt.qkv_bias;
+  d.o_bias = opt.o_bias;
+  return d;
 }
 
 Tensor GatedMlp::forward(Backend& be, const Tensor& x) const {
@@ -119,6 +128,45 @@ std::vector<int32_t> read_eos_ids(const ModelConfig& c) {
     fail("{}: field 'eos_token_id' must be an integer or a list of integers", c.source());
   }
   return out;
+}
+
+SparseStepMoeConfig::SparseStepMoeConfig(const ModelConfig& c, int64_t n_layers, const std::string& experts_key,
+                                         int64_t default_experts) {
+  n_experts = c.get_int_or(experts_key, default_experts, 0, 1 << 16);
+  const int64_t sparse_step = c.get_int_or("decoder_sparse_step", 1, 1, 4096);
+  const std::vector<int64_t> mlp_only = layer_list(c, "mlp_only_layers", n_layers);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const bool dense = std::find(mlp_only.begin(), mlp_only.end(), l) != mlp_only.end();
+    moe_layer.push_back(!dense && n_experts > 0 && (l + 1) % sparse_step == 0);
+  }
+  const bool any = std::count(moe_layer.begin(), moe_layer.end(), true) > 0;
+  n_experts_per_tok = any ? c.get_int("num_experts_per_tok", 1, n_experts) : 0;
+  moe_intermediate_size = any ? c.get_int("moe_intermediate_size", 1, 1 << 20) : 0;
+  norm_topk_prob = c.get_bool_or("norm_topk_prob", false);
+}
+
+std::vector<int> layer_windows(const ModelConfig& c, int64_t n_layers, int64_t sliding_window,
+                               const std::function<bool(int64_t layer)>& default_sliding) {
+  std::vector<bool> sliding = sliding_layer_types(c, n_layers);
+  for (int64_t l = int64_t(sliding.size()); l < n_layers; ++l) sliding.push_back(default_sliding(l));
+  std::vector<int> out;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    MOECEL_CHECK(!sliding[size_t(l)] || sliding_window > 0,
+                 "{}: layer {} uses sliding attention but sliding_window is not set (or is disabled)", c.source(), l);
+    out.push_back(sliding[size_t(l)] ? int(sliding_window) : 0);
+  }
+  return out;
+}
+
+// Every output below is fully written by its op, hence scratch (no memset).
+Tensor route_topk(Backend& be, const LinearWeight& router, const SwitchGLU& experts, const Tensor& xn,
+                  RouterScoring scoring, int64_t k, bool renormalize) {
+  const int64_t n = xn.dim(0);
+  Tensor logits = be.scratch(DType::kF32, {n, router.out});
+  Tensor idx = be.scratch(DType::kI32, {n, k}), w = be.scratch(DType::kF32, {n, k});
+  be.linear(router, xn, logits);
+  be.router_topk(logits, scoring, int(k), renormalize, idx, w);
+  return experts.forward(be, xn, idx, w);
 }
 
 void DecoderModel::load_backbone(WeightLoader& wl, const AttentionOptions& opt, const std::vector<int>& windows) {

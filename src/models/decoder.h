@@ -1,18 +1,30 @@
 // The pre-norm decoder skeleton shared by the Llama-style MoE families: embedding, per layer
 // `h = x + attn(input_layernorm(x))` and `x = h + ffn(post_attention_layernorm(h))`, final norm, lm_head.
 // Attention takes optional q/k/v/o biases, per-head q/k RMSNorm and a per-layer sliding window; the family file
-// supplies the config, its feed-forward blocks (routed experts through SwitchGLU) and the weight names.
-// Used by: qwen2_moe, qwen3_moe, mixtral, dots1.
+// supplies the config, its feed-forward blocks (routed experts through SwitchGLU) and the weight names; the pieces
+// below that several families read or run alike live here once. Used by: qwen2_moe, qwen3_moe, mixtral, dots1.
 #pragma once
+#include <functional>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "io/config.h"
 #include "models/model.h"
+#include "models/registry.h"
+#include "models/switch_glu.h"
+#include "models/test_model.h"
 #include "models/weights.h"
 
 namespace moecel {
+
+// Which optional attention weights a family's checkpoints carry.
+struct AttentionOptions {
+  bool qkv_bias = false;  // {q,k,v}_proj.bias
+  bool o_bias = false;    // o_proj.bias
+  bool qk_norm = false;   // self_attn.{q,k}_norm.weight (head_dim,), applied per head before rotary
+};
 
 // The fields every decoder family reads, by their HF names.
 struct DecoderConfig {
@@ -21,6 +33,8 @@ struct DecoderConfig {
   bool tie_word_embeddings;
   // head_dim: the explicit "head_dim" when present, else hidden_size / num_attention_heads.
   DecoderConfig(const ModelConfig& c, double default_eps, double default_theta, int64_t default_max_positions);
+  // The backbone's shapes for a test-model recipe.
+  DecoderTensorShape test_shape(const AttentionOptions& opt) const;
 };
 
 // A dense SwiGLU block, down(silu(gate(x)) * up(x)): dense layers and shared experts.
@@ -46,6 +60,58 @@ std::string field_alias(const ModelConfig& c, std::initializer_list<const char*>
 void check_silu_activation(const ModelConfig& c);
 std::vector<int32_t> read_eos_ids(const ModelConfig& c);
 
+// The routed-expert fields Qwen2-MoE and Qwen3-MoE read alike. MoE layers follow transformers' rule: every
+// decoder_sparse_step-th layer unless listed in mlp_only_layers, none without experts; the top-k and the expert width
+// are required only when some layer is MoE (else 0).
+struct SparseStepMoeConfig {
+  int64_t n_experts, n_experts_per_tok, moe_intermediate_size;
+  bool norm_topk_prob;
+  std::vector<bool> moe_layer;  // per layer: sparse MoE block (else a dense MLP)
+  // experts_key: the config field holding the expert count, `default_experts` when missing.
+  SparseStepMoeConfig(const ModelConfig& c, int64_t n_layers, const std::string& experts_key, int64_t default_experts);
+  bool any_moe() const { return n_experts_per_tok > 0; }
+};
+// Per layer sliding window (0: full causal): "layer_types" when present, else default_sliding(layer); sliding layers
+// attend to the last `sliding_window` keys, which must then be > 0.
+std::vector<int> layer_windows(const ModelConfig& c, int64_t n_layers, int64_t sliding_window,
+                               const std::function<bool(int64_t layer)>& default_sliding);
+
+// Router logits (n_tokens, n_experts) -> top-k expert ids and weights -> the routed experts' weighted sum, a new
+// (n_tokens, hidden_size). xn: (n_tokens, hidden_size).
+Tensor route_topk(Backend& be, const LinearWeight& router, const SwitchGLU& experts, const Tensor& xn,
+                  RouterScoring scoring, int64_t k, bool renormalize);
+
+// Per-layer feed-forward weights of a family whose layers are each a dense MLP or a MoE block (with a member
+// `experts`), and the byte counts DecoderModel::fill_info takes.
+template <class Block>
+struct LayerFfns {
+  std::vector<Block> moe;        // per layer (empty for dense layers)
+  std::vector<GatedMlp> dense;   // per layer (empty for MoE layers)
+  size_t total = 0, active = 0;  // bytes of every weight; bytes one decode token reads
+  int64_t n_moe = 0;
+
+  void add_dense(GatedMlp m) {
+    total += m.bytes();
+    active += m.bytes();
+    dense.push_back(std::move(m));
+    moe.emplace_back();
+  }
+  // always_read: bytes of the block's weights every token reads (router, shared experts).
+  void add_moe(Block b, size_t always_read, int64_t n_experts, int64_t top_k) {
+    total += always_read + b.experts.bytes_per_expert() * size_t(n_experts);
+    active += always_read + b.experts.bytes_per_expert() * size_t(top_k);
+    moe.push_back(std::move(b));
+    dense.emplace_back();
+    ++n_moe;
+  }
+};
+
+// The registry's loader for a family's model class.
+template <class M>
+std::unique_ptr<Model> load_as(const ModelContext& ctx) {
+  return std::make_unique<M>(ctx);
+}
+
 class DecoderModel : public Model {
  public:
   Tensor forward(std::span<const int32_t> ids, KvCache& cache, bool all_logits) override;
@@ -53,11 +119,6 @@ class DecoderModel : public Model {
   Tensor forward_device(const Tensor& ids, KvCache& cache, bool all_logits) override;
 
  protected:
-  struct AttentionOptions {
-    bool qkv_bias = false;  // {q,k,v}_proj.bias
-    bool o_bias = false;    // o_proj.bias
-    bool qk_norm = false;   // self_attn.{q,k}_norm.weight (head_dim,), applied per head before rotary
-  };
   DecoderModel(Backend& backend, const DecoderConfig& dc) : Model(backend), dc_(dc) {}
 
   // Binds model.embed_tokens, every layer's input/post-attention norms and self_attn, model.norm and lm_head.

@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "models/decoder.h"
 #include "models/registry.h"
-#include "models/switch_glu.h"
+#include "models/test_model.h"
 
 namespace moecel {
 namespace {
@@ -35,7 +35,6 @@ class Mixtral final : public DecoderModel {
     WeightLoader wl(ctx.store, ctx.config, ctx.backend);
     load_backbone(wl, {}, std::vector<int>(size_t(cfg_.n_layers), cfg_.window));
     const int64_t h = cfg_.hidden_size, e = cfg_.n_experts, f = cfg_.intermediate_size;
-    size_t ffn_total = 0, ffn_active = 0;
     for (int64_t l = 0; l < cfg_.n_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l);
       // The checkpoint's own module name: block_sparse_moe (mlx-community, HF) or mlp (transformers 5, fused).
@@ -45,105 +44,65 @@ class Mixtral final : public DecoderModel {
       // Per-expert HF tensors are named w1/w3/w2; stacked and fused ones carry gate_proj / up_proj / down_proj.
       const ExpertNames names = wl.has(m + ".experts.0.w1.weight") ? ExpertNames{"w1", "w3", "w2"} : ExpertNames{};
       b.experts = SwitchGLU(wl.experts(m, e, h, f, names), Activation::kSiLU);
-      ffn_total += b.router.total_bytes() + b.experts.bytes_per_expert() * size_t(e);
-      ffn_active += b.router.total_bytes() + b.experts.bytes_per_expert() * size_t(cfg_.n_experts_per_tok);
-      moe_.push_back(std::move(b));
+      const size_t router_bytes = b.router.total_bytes();
+      ffn_.add_moe(std::move(b), router_bytes, e, cfg_.n_experts_per_tok);
     }
     wl.check_all_used();
-    fill_info(ctx.config, cfg_.n_layers, ffn_total, ffn_active);
+    fill_info(ctx.config, ffn_.n_moe, ffn_.total, ffn_.active);
   }
 
  protected:
-  // Every output below is fully written by its op, hence scratch (no memset).
   Tensor feed_forward(Backend& be, size_t l, const Tensor& xn) const override {
-    const MoeBlock& b = moe_[l];
-    const int64_t n = xn.dim(0);
-    Tensor logits = be.scratch(DType::kF32, {n, cfg_.n_experts});
-    Tensor idx = be.scratch(DType::kI32, {n, cfg_.n_experts_per_tok});
-    Tensor w = be.scratch(DType::kF32, {n, cfg_.n_experts_per_tok});
-    be.linear(b.router, xn, logits);
-    be.router_topk(logits, RouterScoring::kTopKSoftmax, int(cfg_.n_experts_per_tok), false, idx, w);
-    return b.experts.forward(be, xn, idx, w);
+    const MoeBlock& b = ffn_.moe[l];
+    return route_topk(be, b.router, b.experts, xn, RouterScoring::kTopKSoftmax, cfg_.n_experts_per_tok, false);
   }
 
  private:
   MixtralConfig cfg_;
-  std::vector<MoeBlock> moe_;
+  LayerFfns<MoeBlock> ffn_;  // every layer a MoE block
 };
-
-std::unique_ptr<Model> load_mixtral(const ModelContext& ctx) {
-  return std::make_unique<Mixtral>(ctx);
-}
 
 // Random checkpoints of Mixtral shape: "tiny" for tests (GQA 4/2, sliding window 16), and "mixtral-8x7b" with the
 // real shapes for benchmarks. `overrides` replace config.json fields.
 TestModelSpec mixtral_test_model(const std::string& preset, const nlohmann::json& overrides) {
   TestModelSpec s;
-  s.config = {{"model_type", "mixtral"},
-              {"architectures", {"MixtralForCausalLM"}},
-              {"hidden_act", "silu"},
-              {"tie_word_embeddings", false},
-              {"bos_token_id", 1}};
-  float std = 0.02f;
-  if (preset == "tiny") {
-    s.config.update({{"vocab_size", 512},
-                     {"hidden_size", 128},
-                     {"intermediate_size", 64},
-                     {"num_hidden_layers", 2},
-                     {"num_attention_heads", 4},
-                     {"num_key_value_heads", 2},
-                     {"num_local_experts", 8},
-                     {"num_experts_per_tok", 2},
-                     {"max_position_embeddings", 512},
-                     {"sliding_window", 16},
-                     {"rms_norm_eps", 1e-5},
-                     {"rope_theta", 1000000.0},
-                     {"eos_token_id", 511}});
-    std = 0.08f;
-  } else if (preset == "mixtral-8x7b") {
-    s.config.update({{"vocab_size", 32000},
-                     {"hidden_size", 4096},
-                     {"intermediate_size", 14336},
-                     {"num_hidden_layers", 32},
-                     {"num_attention_heads", 32},
-                     {"num_key_value_heads", 8},
-                     {"num_local_experts", 8},
-                     {"num_experts_per_tok", 2},
-                     {"max_position_embeddings", 32768},
-                     {"sliding_window", nullptr},
-                     {"rms_norm_eps", 1e-5},
-                     {"rope_theta", 1000000.0},
-                     {"eos_token_id", 2}});
-  } else {
-    fail("unknown mixtral preset '{}': expected tiny or mixtral-8x7b", preset);
-  }
-  s.config.update(overrides);
+  const float std = preset_config(s, "mixtral", "MixtralForCausalLM", {{"bos_token_id", 1}},
+                                  {{"tiny",
+                                    {{"intermediate_size", 64},
+                                     {"num_hidden_layers", 2},
+                                     {"num_key_value_heads", 2},
+                                     {"num_local_experts", 8},
+                                     {"num_experts_per_tok", 2},
+                                     {"sliding_window", 16},
+                                     {"rms_norm_eps", 1e-5},
+                                     {"rope_theta", 1000000.0}}},
+                                   {"mixtral-8x7b",
+                                    {{"vocab_size", 32000},
+                                     {"hidden_size", 4096},
+                                     {"intermediate_size", 14336},
+                                     {"num_hidden_layers", 32},
+                                     {"num_attention_heads", 32},
+                                     {"num_key_value_heads", 8},
+                                     {"num_local_experts", 8},
+                                     {"num_experts_per_tok", 2},
+                                     {"max_position_embeddings", 32768},
+                                     {"sliding_window", nullptr},
+                                     {"rms_norm_eps", 1e-5},
+                                     {"rope_theta", 1000000.0},
+                                     {"eos_token_id", 2}}}},
+                                  preset, overrides);
   const MixtralConfig c(ModelConfig::from_json(s.config, "test model config"));
-  const int64_t h = c.hidden_size, qw = c.n_heads * c.head_dim, kw = c.n_kv_heads * c.head_dim;
-  s.tensors.push_back({"model.embed_tokens", {c.vocab_size, h}, true, 1.0f});
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l), a = p + ".self_attn.", m = p + ".block_sparse_moe.";
-    s.tensors.push_back({p + ".input_layernorm.weight", {h}, false, 0.1f});
-    s.tensors.push_back({p + ".post_attention_layernorm.weight", {h}, false, 0.1f});
-    s.tensors.push_back({a + "q_proj", {qw, h}, true, std});
-    s.tensors.push_back({a + "k_proj", {kw, h}, true, std});
-    s.tensors.push_back({a + "v_proj", {kw, h}, true, std});
-    s.tensors.push_back({a + "o_proj", {h, qw}, true, std});
-    const int64_t e = c.n_experts, f = c.intermediate_size;
-    s.tensors.push_back({m + "gate", {e, h}, true, std * 4});
-    s.tensors.push_back({m + "switch_mlp.gate_proj", {e, f, h}, true, std});
-    s.tensors.push_back({m + "switch_mlp.up_proj", {e, f, h}, true, std});
-    s.tensors.push_back({m + "switch_mlp.down_proj", {e, h, f}, true, std});
-  }
-  s.tensors.push_back({"model.norm.weight", {h}, false, 0.1f});
-  s.tensors.push_back({"lm_head", {c.vocab_size, h}, true, std});
+  const int64_t h = c.hidden_size;
+  add_decoder_tensors(s, c.test_shape({}), std, [&](int64_t, const std::string& p) {
+    add_moe_tensors(s, p + "block_sparse_moe.", c.n_experts, h, c.intermediate_size, std);
+  });
   return s;
 }
 
 }  // namespace
 
 const Architecture& mixtral_architecture() {
-  static const Architecture arch{"mixtral", &load_mixtral, &mixtral_test_model, {"tiny", "mixtral-8x7b"}};
+  static const Architecture arch{"mixtral", &load_as<Mixtral>, &mixtral_test_model, {"tiny", "mixtral-8x7b"}};
   return arch;
 }
 

@@ -4,8 +4,10 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "models/decoder.h"
 #include "models/registry.h"
 #include "models/switch_glu.h"
+#include "models/test_model.h"
 #include "models/weights.h"
 
 namespace moecel {
@@ -169,7 +171,7 @@ class Olmoe final : public Model {
     info_.n_kv_heads = cfg_.n_kv_heads;
     info_.head_dim = cfg_.head_dim;
     info_.max_position_embeddings = cfg_.max_position_embeddings;
-    info_.eos_token_ids = eos_ids(c);
+    info_.eos_token_ids = read_eos_ids(c);
     size_t total = embed_.total_bytes() + (lm_head_.weight.data == embed_.weight.data ? 0 : lm_head_.total_bytes());
     size_t active = lm_head_.total_bytes() + size_t(cfg_.hidden_size) * 4;  // lm_head + the embedding row (approx.)
     for (const Layer& ly : layers_) {
@@ -180,23 +182,6 @@ class Olmoe final : public Model {
     }
     info_.weight_bytes = total;
     info_.active_bytes_per_token = active;
-  }
-
-  static std::vector<int32_t> eos_ids(const ModelConfig& c) {
-    std::vector<int32_t> out;
-    if (!c.has("eos_token_id") || c.json()["eos_token_id"].is_null()) return out;
-    const auto& e = c.json()["eos_token_id"];
-    if (e.is_number_integer()) {
-      out.push_back(e.get<int32_t>());
-    } else if (e.is_array()) {
-      for (const auto& v : e) {
-        MOECEL_CHECK(v.is_number_integer(), "{}: field 'eos_token_id' must hold integers", c.source());
-        out.push_back(v.get<int32_t>());
-      }
-    } else {
-      fail("{}: field 'eos_token_id' must be an integer or a list of integers", c.source());
-    }
-    return out;
   }
 
   OlmoeConfig cfg_;
@@ -213,61 +198,35 @@ std::unique_ptr<Model> load_olmoe(const ModelContext& ctx) {
 // `overrides` are config.json fields that replace the preset's (e.g. {"intermediate_size": 256}).
 TestModelSpec olmoe_test_model(const std::string& preset, const nlohmann::json& overrides) {
   TestModelSpec s;
-  s.config = {{"model_type", "olmoe"},   {"architectures", {"OlmoeForCausalLM"}},
-              {"norm_topk_prob", false}, {"rms_norm_eps", 1e-5},
-              {"rope_theta", 10000.0},   {"clip_qkv", nullptr},
-              {"attention_bias", false}, {"tie_word_embeddings", false},
-              {"hidden_act", "silu"},    {"bos_token_id", nullptr},
-              {"pad_token_id", 1}};
-  float std = 0.02f;
-  if (preset == "tiny") {
-    s.config.update({{"vocab_size", 512},
-                     {"hidden_size", 128},
-                     {"intermediate_size", 128},
-                     {"num_hidden_layers", 2},
-                     {"num_attention_heads", 4},
-                     {"num_key_value_heads", 4},
-                     {"num_experts", 8},
-                     {"num_experts_per_tok", 2},
-                     {"max_position_embeddings", 512},
-                     {"eos_token_id", 511}});
-    std = 0.08f;
-  } else if (preset == "olmoe-1b-7b") {
-    s.config.update({{"vocab_size", 50304},
-                     {"hidden_size", 2048},
-                     {"intermediate_size", 1024},
-                     {"num_hidden_layers", 16},
-                     {"num_attention_heads", 16},
-                     {"num_key_value_heads", 16},
-                     {"num_experts", 64},
-                     {"num_experts_per_tok", 8},
-                     {"max_position_embeddings", 4096},
-                     {"eos_token_id", 50279}});
-  } else {
-    fail("unknown olmoe preset '{}': expected tiny or olmoe-1b-7b", preset);
-  }
-  s.config.update(overrides);
+  const nlohmann::json base = {{"norm_topk_prob", false}, {"rms_norm_eps", 1e-5},    {"rope_theta", 10000.0},
+                               {"clip_qkv", nullptr},     {"attention_bias", false}, {"bos_token_id", nullptr},
+                               {"pad_token_id", 1}};
+  const float std = preset_config(s, "olmoe", "OlmoeForCausalLM", base,
+                                  {{"tiny",
+                                    {{"intermediate_size", 128},
+                                     {"num_hidden_layers", 2},
+                                     {"num_key_value_heads", 4},
+                                     {"num_experts", 8},
+                                     {"num_experts_per_tok", 2}}},
+                                   {"olmoe-1b-7b",
+                                    {{"vocab_size", 50304},
+                                     {"hidden_size", 2048},
+                                     {"intermediate_size", 1024},
+                                     {"num_hidden_layers", 16},
+                                     {"num_attention_heads", 16},
+                                     {"num_key_value_heads", 16},
+                                     {"num_experts", 64},
+                                     {"num_experts_per_tok", 8},
+                                     {"max_position_embeddings", 4096},
+                                     {"eos_token_id", 50279}}}},
+                                  preset, overrides);
   const OlmoeConfig c(ModelConfig::from_json(s.config, "test model config"));
   const int64_t h = c.hidden_size, kv = c.n_kv_heads * c.head_dim;
-  s.tensors.push_back({"model.embed_tokens", {c.vocab_size, h}, true, 1.0f});
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l);
-    s.tensors.push_back({p + ".input_layernorm.weight", {h}, false, 0.1f});
-    s.tensors.push_back({p + ".post_attention_layernorm.weight", {h}, false, 0.1f});
-    s.tensors.push_back({p + ".self_attn.q_proj", {h, h}, true, std});
-    s.tensors.push_back({p + ".self_attn.k_proj", {kv, h}, true, std});
-    s.tensors.push_back({p + ".self_attn.v_proj", {kv, h}, true, std});
-    s.tensors.push_back({p + ".self_attn.o_proj", {h, h}, true, std});
-    s.tensors.push_back({p + ".self_attn.q_norm.weight", {h}, false, 0.1f});
-    s.tensors.push_back({p + ".self_attn.k_norm.weight", {kv}, false, 0.1f});
-    s.tensors.push_back({p + ".mlp.gate", {c.n_experts, h}, true, std * 4});
-    const int64_t e = c.n_experts, f = c.intermediate_size;
-    s.tensors.push_back({p + ".mlp.switch_mlp.gate_proj", {e, f, h}, true, std});
-    s.tensors.push_back({p + ".mlp.switch_mlp.up_proj", {e, f, h}, true, std});
-    s.tensors.push_back({p + ".mlp.switch_mlp.down_proj", {e, h, f}, true, std});
-  }
-  s.tensors.push_back({"model.norm.weight", {h}, false, 0.1f});
-  s.tensors.push_back({"lm_head", {c.vocab_size, h}, true, std});
+  // OLMoE's q/k norms span the whole projection, (hidden_size,) and (kv width,), not one head.
+  const DecoderTensorShape shape{c.vocab_size, h, c.n_layers, h, kv, h, kv};
+  add_decoder_tensors(s, shape, std, [&](int64_t, const std::string& p) {
+    add_moe_tensors(s, p + "mlp.", c.n_experts, h, c.intermediate_size, std);
+  });
   return s;
 }
 

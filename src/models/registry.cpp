@@ -46,7 +46,7 @@ std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend) {
   ModelConfig config = ModelConfig::load(dir);
   const Architecture& arch = find_architecture(config.model_type());
   WeightStore store = WeightStore::open_folder(dir);
-  // CPU weights stay resident (mmap views or aligned copies); a device backend checks its own memory.
+  // CPU weights stay resident (mmap views or aligned copies). Device memory (--backend cuda) is not checked yet.
   if (backend.name() == "cpu") check_memory_fits(store_tensor_bytes(store), "model folder " + dir);
   // Uploading a large checkpoint to a device takes seconds: a progress line on stderr (terminals only).
   ByteProgress progress("loading weights", backend.device() == Device::kCpu ? 0 : store_tensor_bytes(store));

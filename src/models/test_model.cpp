@@ -170,4 +170,76 @@ size_t write_test_model(const TestModelOptions& opt, const std::string& out_dir)
   return bytes;
 }
 
+float preset_config(TestModelSpec& s, const std::string& model_type, const std::string& arch_class,
+                    const nlohmann::json& base, const std::vector<TestPreset>& presets, const std::string& preset,
+                    const nlohmann::json& overrides) {
+  s.config = {{"model_type", model_type},
+              {"architectures", {arch_class}},
+              {"hidden_act", "silu"},
+              {"tie_word_embeddings", false}};
+  s.config.update(base);
+  if (preset == "tiny") {
+    s.config.update({{"vocab_size", 512},
+                     {"hidden_size", 128},
+                     {"num_attention_heads", 4},
+                     {"max_position_embeddings", 512},
+                     {"eos_token_id", 511}});
+  }
+  std::string names;
+  for (const TestPreset& p : presets) {
+    if (p.name == preset) {
+      s.config.update(p.fields);
+      s.config.update(overrides);
+      return preset == "tiny" ? 0.08f : 0.02f;
+    }
+    names += (names.empty() ? "" : " or ") + p.name;
+  }
+  fail("unknown {} preset '{}': expected {}", model_type, preset, names);
+}
+
+void add_decoder_tensors(TestModelSpec& s, const DecoderTensorShape& d, float std,
+                         const std::function<void(int64_t layer, const std::string& prefix)>& ffn) {
+  const int64_t h = d.hidden_size, qw = d.q_width, kw = d.kv_width;
+  s.tensors.push_back({"model.embed_tokens", {d.vocab_size, h}, true, 1.0f});
+  for (int64_t l = 0; l < d.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".", a = p + "self_attn.";
+    s.tensors.push_back({p + "input_layernorm.weight", {h}, false, 0.1f});
+    s.tensors.push_back({p + "post_attention_layernorm.weight", {h}, false, 0.1f});
+    s.tensors.push_back({a + "q_proj", {qw, h}, true, std});
+    s.tensors.push_back({a + "k_proj", {kw, h}, true, std});
+    s.tensors.push_back({a + "v_proj", {kw, h}, true, std});
+    s.tensors.push_back({a + "o_proj", {h, qw}, true, std});
+    if (d.q_norm > 0) s.tensors.push_back({a + "q_norm.weight", {d.q_norm}, false, 0.1f});
+    if (d.k_norm > 0) s.tensors.push_back({a + "k_norm.weight", {d.k_norm}, false, 0.1f});
+    if (d.qkv_bias) {
+      s.tensors.push_back({a + "q_proj.bias", {qw}, false, 0.1f});
+      s.tensors.push_back({a + "k_proj.bias", {kw}, false, 0.1f});
+      s.tensors.push_back({a + "v_proj.bias", {kw}, false, 0.1f});
+    }
+    if (d.o_bias) s.tensors.push_back({a + "o_proj.bias", {h}, false, 0.1f});
+    ffn(l, p);
+  }
+  s.tensors.push_back({"model.norm.weight", {h}, false, 0.1f});
+  s.tensors.push_back({"lm_head", {d.vocab_size, h}, true, std});
+}
+
+void add_moe_tensors(TestModelSpec& s, const std::string& prefix, int64_t n_experts, int64_t hidden, int64_t ffn,
+                     float std) {
+  s.tensors.push_back({prefix + "gate", {n_experts, hidden}, true, std * 4});
+  add_expert_tensors(s, prefix + "switch_mlp.", n_experts, hidden, ffn, std);
+}
+
+void add_gated_mlp_tensors(TestModelSpec& s, const std::string& prefix, int64_t hidden, int64_t ffn, float std) {
+  s.tensors.push_back({prefix + "gate_proj", {ffn, hidden}, true, std});
+  s.tensors.push_back({prefix + "up_proj", {ffn, hidden}, true, std});
+  s.tensors.push_back({prefix + "down_proj", {hidden, ffn}, true, std});
+}
+
+void add_expert_tensors(TestModelSpec& s, const std::string& prefix, int64_t n_experts, int64_t hidden, int64_t ffn,
+                        float std) {
+  s.tensors.push_back({prefix + "gate_proj", {n_experts, ffn, hidden}, true, std});
+  s.tensors.push_back({prefix + "up_proj", {n_experts, ffn, hidden}, true, std});
+  s.tensors.push_back({prefix + "down_proj", {n_experts, hidden, ffn}, true, std});
+}
+
 }  // namespace moecel

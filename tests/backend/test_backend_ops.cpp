@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../model/random_weights.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
@@ -35,28 +36,8 @@ constexpr double kAttention = 1e-8;     // online vs two-pass softmax in f32
 constexpr int64_t kHidden = 2048, kExperts = 64, kTopK = 8, kFfn = 1024;
 constexpr int kHeads = 16, kHeadDim = 128;
 
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  uint64_t next() {
-    s ^= s >> 12;
-    s ^= s << 25;
-    s ^= s >> 27;
-    return s * 2685821657736338717ull;
-  }
-  uint32_t u32() { return uint32_t(next() >> 32); }
-  float uniform(float lo, float hi) { return lo + (hi - lo) * float(next() >> 40) * (1.0f / 16777216.0f); }
-  int64_t below(int64_t n) { return int64_t(next() % uint64_t(n)); }
-};
-
-void store_float(Tensor& t, int64_t i, float v) {
-  switch (t.dtype) {
-    case DType::kF32: t.ptr<float>()[i] = v; break;
-    case DType::kF16: t.ptr<uint16_t>()[i] = f32_to_f16(v); break;
-    case DType::kBF16: t.ptr<uint16_t>()[i] = f32_to_bf16(v); break;
-    default: FAIL() << "not a float dtype";
-  }
-}
+using test::Rng;
+using test::store_float;
 
 Tensor host_random(DType dtype, Shape shape, Rng& rng, float lo = -1.0f, float hi = 1.0f) {
   Tensor t = make_host_tensor(dtype, std::move(shape));
@@ -93,19 +74,7 @@ LinearWeight make_dense(int64_t n_stack, int64_t out, int64_t in, DType dtype, R
   return LinearWeight::dense_from("test.dense", host_random(dtype, s, rng), n_stack > 0);
 }
 
-// Each token picks k distinct experts, like a router.
-std::vector<int32_t> random_experts(int64_t n_tokens, int64_t k, int64_t n_experts, Rng& rng) {
-  std::vector<int32_t> out;
-  std::vector<int32_t> perm(static_cast<size_t>(n_experts));
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    std::iota(perm.begin(), perm.end(), 0);
-    for (int64_t j = 0; j < k; ++j) {
-      std::swap(perm[size_t(j)], perm[size_t(j + rng.below(n_experts - j))]);
-      out.push_back(perm[size_t(j)]);
-    }
-  }
-  return out;
-}
+using test::random_experts;
 
 double nmse(const std::vector<float>& got, const std::vector<float>& ref) {
   EXPECT_EQ(got.size(), ref.size());

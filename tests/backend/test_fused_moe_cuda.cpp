@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "../model/random_weights.h"
+#include "../model/moe_reference.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "models/moe_dispatch.h"
@@ -26,14 +26,8 @@
 namespace moecel {
 namespace {
 
-using test::Rng;
-
-struct Case {
-  int gate_bits, down_bits, group_size;
-  int64_t n_experts, hidden, ffn, k;
-  Activation act;
-  DType sdtype;
-};
+using Case = test::MoeCase;
+using Problem = test::MoeProblem;
 
 class FusedMoeCuda : public ::testing::TestWithParam<Case> {
  protected:
@@ -42,58 +36,6 @@ class FusedMoeCuda : public ::testing::TestWithParam<Case> {
     if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA device (" << why << ")";
   }
 };
-
-struct Problem {
-  SwitchWeights host;
-  std::vector<float> x, route_w;
-  std::vector<int32_t> idx;
-};
-
-Problem make_problem(const Case& c, uint64_t seed) {
-  Rng rng(seed);
-  Problem p;
-  p.host.gate = test::random_quant("g", c.n_experts, c.ffn, c.hidden, c.gate_bits, c.group_size, c.sdtype, rng);
-  p.host.up = test::random_quant("u", c.n_experts, c.ffn, c.hidden, c.gate_bits, c.group_size, c.sdtype, rng);
-  p.host.down = test::random_quant("d", c.n_experts, c.hidden, c.ffn, c.down_bits, c.group_size, c.sdtype, rng);
-  p.x.resize(size_t(c.hidden));
-  for (float& v : p.x) v = rng.uniform(-1.0f, 1.0f) * 0.05f;
-  p.idx = test::random_experts(1, c.k, c.n_experts, rng);
-  p.route_w = test::random_route_weights(c.k, rng);
-  return p;
-}
-
-double act_ref(Activation a, double g) {
-  switch (a) {
-    case Activation::kSiLU: return g / (1.0 + std::exp(-g));
-    case Activation::kGeLU: return 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
-    case Activation::kReLU2: return g > 0 ? g * g : 0.0;
-  }
-  return 0;
-}
-
-std::vector<float> reference(const Problem& p, Activation act) {
-  const int64_t hidden = p.host.gate.in, ffn = p.host.gate.out;
-  std::vector<double> out(static_cast<size_t>(hidden), 0.0), a(static_cast<size_t>(ffn));
-  std::vector<float> row(static_cast<size_t>(std::max(hidden, ffn)));
-  for (size_t j = 0; j < p.idx.size(); ++j) {
-    const int64_t e = p.idx[j];
-    for (int64_t r = 0; r < ffn; ++r) {
-      double g = 0, u = 0;
-      dequantize_row(p.host.gate, e, r, row.data());
-      for (int64_t i = 0; i < hidden; ++i) g += double(row[size_t(i)]) * p.x[size_t(i)];
-      dequantize_row(p.host.up, e, r, row.data());
-      for (int64_t i = 0; i < hidden; ++i) u += double(row[size_t(i)]) * p.x[size_t(i)];
-      a[size_t(r)] = act_ref(act, g) * u;
-    }
-    for (int64_t h = 0; h < hidden; ++h) {
-      dequantize_row(p.host.down, e, h, row.data());
-      double d = 0;
-      for (int64_t r = 0; r < ffn; ++r) d += double(row[size_t(r)]) * a[size_t(r)];
-      out[size_t(h)] += double(p.route_w[j]) * d;
-    }
-  }
-  return std::vector<float>(out.begin(), out.end());
-}
 
 // Runs one path on a fresh CUDA backend (rows: MOECEL_CUDA_FUSED_ROWS for this backend, "" = default).
 std::vector<float> run_cuda(const Problem& p, Activation act, bool fused, const char* rows = "") {
@@ -104,8 +46,8 @@ std::vector<float> run_cuda(const Problem& p, Activation act, bool fused, const 
   }
   CudaBackend be;
   unsetenv("MOECEL_CUDA_FUSED_ROWS");
-  SwitchWeights dw{be.to_device(p.host.gate), be.to_device(p.host.up), be.to_device(p.host.down)};
-  const int64_t hidden = p.host.gate.in, k = int64_t(p.idx.size());
+  SwitchWeights dw{be.to_device(p.w.gate), be.to_device(p.w.up), be.to_device(p.w.down)};
+  const int64_t hidden = p.w.gate.in, k = int64_t(p.idx.size());
   Tensor x = be.alloc(DType::kF32, {1, hidden}), idx = be.alloc(DType::kI32, {1, k});
   Tensor wts = be.alloc(DType::kF32, {1, k});
   be.from_host(p.x.data(), x);
@@ -120,21 +62,12 @@ std::vector<float> run_cuda(const Problem& p, Activation act, bool fused, const 
   return v;
 }
 
-double rel_rms(const std::vector<float>& got, const std::vector<float>& ref) {
-  double e = 0, n = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    e += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    n += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(e / n);
-}
-
 TEST_P(FusedMoeCuda, MatchesReferenceGatherAndIsDeterministic) {
   const Case c = GetParam();
-  const Problem p = make_problem(c, 11 + c.gate_bits * 10 + c.down_bits + c.group_size + c.hidden);
+  const Problem p = test::make_moe_problem(c, 11 + c.gate_bits * 10 + c.down_bits + c.group_size + c.hidden);
   const std::vector<float> fused = run_cuda(p, c.act, true);
   for (float v : fused) ASSERT_TRUE(std::isfinite(v));
-  EXPECT_LE(rel_rms(fused, reference(p, c.act)), 5e-4);
+  EXPECT_LE(test::normalized_rms(fused, test::moe_reference(p, c.act)), 5e-4);
   EXPECT_EQ(fused, run_cuda(p, c.act, false)) << "fused and gather paths differ";
   EXPECT_EQ(fused, run_cuda(p, c.act, true)) << "rerun differs";
   EXPECT_EQ(fused, run_cuda(p, c.act, true, "1")) << "1 row per warp differs";
@@ -158,7 +91,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST_F(FusedMoeCuda, BadExpertIndexRaisesOnSync) {
   const Case c{4, 4, 64, 8, 256, 128, 2, Activation::kSiLU, DType::kBF16};
-  Problem p = make_problem(c, 5);
+  Problem p = test::make_moe_problem(c, 5);
   p.idx[1] = 8;  // one past the last expert
   try {
     run_cuda(p, c.act, true);

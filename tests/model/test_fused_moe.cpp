@@ -16,8 +16,8 @@
 #include "models/moe_dispatch.h"
 #include "models/registry.h"
 #include "models/switch_glu.h"
+#include "moe_reference.h"
 #include "quant/affine.h"
-#include "random_weights.h"
 
 namespace moecel {
 namespace {
@@ -26,71 +26,13 @@ using test::Rng;
 
 constexpr double kFusedVsF32 = 5e-4;  // normalized RMS, DESIGN.md section 5
 
-struct Case {
-  int gate_bits, down_bits, group_size;
-  int64_t n_experts, hidden, ffn, k;
-  Activation act;
-  DType sdtype;
-};
-
-struct Problem {
-  SwitchWeights w;
-  std::vector<float> x, route_w;
-  std::vector<int32_t> idx;
-};
-
-Problem make_problem(const Case& c, uint64_t seed) {
-  Rng rng(seed);
-  Problem p;
-  p.w.gate = test::random_quant("g", c.n_experts, c.ffn, c.hidden, c.gate_bits, c.group_size, c.sdtype, rng);
-  p.w.up = test::random_quant("u", c.n_experts, c.ffn, c.hidden, c.gate_bits, c.group_size, c.sdtype, rng);
-  p.w.down = test::random_quant("d", c.n_experts, c.hidden, c.ffn, c.down_bits, c.group_size, c.sdtype, rng);
-  p.x.resize(size_t(c.hidden));
-  for (float& v : p.x) v = rng.uniform(-1.0f, 1.0f) * 0.05f;
-  p.idx = test::random_experts(1, c.k, c.n_experts, rng);
-  p.route_w = test::random_route_weights(c.k, rng);
-  return p;
-}
+using Case = test::MoeCase;
+using Problem = test::MoeProblem;
 
 Tensor host_copy(DType dt, Shape shape, const void* src) {
   Tensor t = make_host_tensor(dt, std::move(shape));
   std::memcpy(t.data, src, size_t(t.nbytes()));
   return t;
-}
-
-double act_ref(Activation a, double g) {
-  switch (a) {
-    case Activation::kSiLU: return g / (1.0 + std::exp(-g));
-    case Activation::kGeLU: return 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
-    case Activation::kReLU2: return g > 0 ? g * g : 0.0;
-  }
-  return 0;
-}
-
-// All-f32 reference (accumulated in double) from MLX's dequantization of every row.
-std::vector<float> reference(const Problem& p, Activation act) {
-  const int64_t hidden = p.w.gate.in, ffn = p.w.gate.out;
-  std::vector<double> out(size_t(hidden), 0.0);
-  std::vector<float> row(size_t(std::max(hidden, ffn)));
-  std::vector<double> a(static_cast<size_t>(ffn));
-  for (size_t j = 0; j < p.idx.size(); ++j) {
-    const int64_t e = p.idx[j];
-    for (int64_t r = 0; r < ffn; ++r) {
-      double g = 0, u = 0;
-      dequantize_row(p.w.gate, e, r, row.data());
-      for (int64_t i = 0; i < hidden; ++i) g += double(row[size_t(i)]) * p.x[size_t(i)];
-      dequantize_row(p.w.up, e, r, row.data());
-      for (int64_t i = 0; i < hidden; ++i) u += double(row[size_t(i)]) * p.x[size_t(i)];
-      a[size_t(r)] = act_ref(act, g) * u;
-    }
-    for (int64_t h = 0; h < hidden; ++h) {
-      dequantize_row(p.w.down, e, h, row.data());
-      double d = 0;
-      for (int64_t r = 0; r < ffn; ++r) d += double(row[size_t(r)]) * a[size_t(r)];
-      out[size_t(h)] += double(p.route_w[j]) * d;
-    }
-  }
-  return std::vector<float>(out.begin(), out.end());
 }
 
 std::vector<float> run_path(Backend& be, const Problem& p, Activation act, bool fused) {
@@ -103,25 +45,16 @@ std::vector<float> run_path(Backend& be, const Problem& p, Activation act, bool 
   return std::vector<float>(out.ptr<float>(), out.ptr<float>() + hidden);
 }
 
-double rel_rms(const std::vector<float>& got, const std::vector<float>& ref) {
-  double e = 0, n = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    e += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    n += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(e / n);
-}
-
 class FusedMoeCpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FusedMoeCpu, MatchesF32ReferenceAndGatherPath) {
   const Case c = GetParam();
-  const Problem p = make_problem(c, 7 + c.gate_bits * 10 + c.down_bits + c.group_size);
+  const Problem p = test::make_moe_problem(c, 7 + c.gate_bits * 10 + c.down_bits + c.group_size);
   CpuBackend be;
   const std::vector<float> fused = run_path(be, p, c.act, true);
-  const std::vector<float> ref = reference(p, c.act);
+  const std::vector<float> ref = test::moe_reference(p, c.act);
   for (float v : fused) ASSERT_TRUE(std::isfinite(v));
-  EXPECT_LE(rel_rms(fused, ref), kFusedVsF32);
+  EXPECT_LE(test::normalized_rms(fused, ref), kFusedVsF32);
   // The CPU fused path runs the gather path's row kernels and weighted sum in the same order: identical bits.
   const std::vector<float> gather = run_path(be, p, c.act, false);
   EXPECT_EQ(fused, gather);
@@ -129,7 +62,7 @@ TEST_P(FusedMoeCpu, MatchesF32ReferenceAndGatherPath) {
 
 TEST_P(FusedMoeCpu, BitwiseDeterministicAcrossRerunsAndThreadCounts) {
   const Case c = GetParam();
-  const Problem p = make_problem(c, 99);
+  const Problem p = test::make_moe_problem(c, 99);
   CpuBackend be;
   const int saved = num_threads();
   set_num_threads(1);

@@ -75,6 +75,49 @@ class FamilyCase:
     extra: dict = field(default_factory=dict)
 
 
+# Fields every family's Hub-style tiny config.json shares (transformers 4.x field set, as mlx_lm.convert copies it).
+HUB_COMMON = {
+    "attention_dropout": 0.0,
+    "eos_token_id": 511,
+    "hidden_act": "silu",
+    "hidden_size": 128,
+    "initializer_range": 0.02,
+    "max_position_embeddings": 4096,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 512,
+}
+
+
+def hub_config(family_fields, over):
+    """HUB_COMMON, then the family's own fields, keys sorted as the Hub stores them; then `over` (a case's changes;
+    new keys go last, as dict.update puts them)."""
+    cfg = dict(HUB_COMMON)
+    cfg.update(family_fields)
+    cfg = dict(sorted(cfg.items()))
+    cfg.update(over)
+    return cfg
+
+
+def hf_config(model_type, rope_theta, **fields):
+    """A transformers-5 style config for an hf case: rope_theta only inside rope_parameters, plus the fields every
+    family's hf case shares (vocab 512, max_position_embeddings 4096, eos 511, untied lm_head)."""
+    cfg = dict(model_type=model_type, vocab_size=512)
+    cfg.update(fields)
+    cfg.update(rope_parameters={"rope_theta": rope_theta, "rope_type": "default"}, max_position_embeddings=4096,
+               eos_token_id=511, tie_word_embeddings=False)
+    return cfg
+
+
+def mlx_q8_case(name, config, seed, desc):
+    """The second mlx case of every family: 8-bit group 32, float16 storage, a 20-token prompt."""
+    return FamilyCase(name=name, kind="mlx", config=config, seed=seed, prompt_len=20, bits=8, group_size=32,
+                      dtype="float16", desc=desc)
+
+
 def init_for(name):
     """(kind, spread) of a weight's random init, from its name (canonical mlx-lm or transformers naming)."""
     if name.endswith("e_score_correction_bias"):

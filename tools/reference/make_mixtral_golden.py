@@ -13,35 +13,26 @@ from family_ref_common import FamilyCase
 def hub_config(**over):
     """A config.json as mistralai/Mixtral-8x7B-v0.1 carries it (transformers 4.x field set), which mlx_lm.convert
     copies into mlx-community folders."""
-    cfg = {
-        "architectures": ["MixtralForCausalLM"],
-        "attention_dropout": 0.0,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "hidden_act": "silu",
-        "hidden_size": 128,
-        "initializer_range": 0.02,
-        "intermediate_size": 64,
-        "max_position_embeddings": 32768,
-        "model_type": "mixtral",
-        "num_attention_heads": 4,
-        "num_experts_per_tok": 2,
-        "num_hidden_layers": 2,
-        "num_key_value_heads": 2,
-        "num_local_experts": 8,
-        "output_router_logits": False,
-        "rms_norm_eps": 1e-05,
-        "rope_theta": 1000000.0,
-        "router_aux_loss_coef": 0.02,
-        "sliding_window": None,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "transformers_version": "4.36.0.dev0",
-        "use_cache": True,
-        "vocab_size": 512,
-    }
-    cfg.update(over)
-    return cfg
+    return fam.hub_config(
+        {
+            "architectures": ["MixtralForCausalLM"],
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 32768,
+            "model_type": "mixtral",
+            "num_experts_per_tok": 2,
+            "num_hidden_layers": 2,
+            "num_local_experts": 8,
+            "output_router_logits": False,
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 1000000.0,
+            "router_aux_loss_coef": 0.02,
+            "sliding_window": None,
+            "transformers_version": "4.36.0.dev0",
+        },
+        over,
+    )
 
 
 CASES = [
@@ -55,26 +46,19 @@ CASES = [
         "window; mlx layout model.layers.L.block_sparse_moe.gate and block_sparse_moe.switch_mlp.{gate,up,down}_proj "
         "(mlx-lm renames the HF w1/w3/w2)",
     ),
-    FamilyCase(
+    fam.mlx_q8_case(
         name="mixtral_mlx_q8",
-        kind="mlx",
         config=hub_config(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_key_value_heads=1,
                           num_local_experts=4, rope_theta=10000.0, torch_dtype="float16"),
         seed=5002,
-        prompt_len=20,
-        bits=8,
-        group_size=32,
-        dtype="float16",
         desc="mixtral 8-bit group 32, float16: hidden 64, 3 layers, GQA 4/1, 4 experts top-2, expert width 128",
     ),
     FamilyCase(
         name="mixtral_hf_bf16",
         kind="hf",
-        config=dict(model_type="mixtral", vocab_size=512, hidden_size=64, head_dim=32, intermediate_size=48,
-                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
-                    num_experts_per_tok=3, sliding_window=5,
-                    rope_parameters={"rope_theta": 30000.0, "rope_type": "default"}, rms_norm_eps=1e-5,
-                    max_position_embeddings=4096, bos_token_id=1, eos_token_id=511, tie_word_embeddings=False),
+        config=fam.hf_config("mixtral", 30000.0, hidden_size=64, head_dim=32, intermediate_size=48, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=3,
+                             sliding_window=5, rms_norm_eps=1e-5, bos_token_id=1),
         seed=5003,
         prompt_len=20,
         desc="mixtral in transformers' own layout (model.layers.L.block_sparse_moe.experts.E.{w1,w2,w3}.weight = "

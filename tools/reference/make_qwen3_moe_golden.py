@@ -11,44 +11,33 @@ from family_ref_common import FamilyCase
 
 def hub_config(**over):
     """A config.json as Qwen/Qwen3-30B-A3B carries it (transformers 4.x field set), which mlx_lm.convert copies."""
-    cfg = {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "bos_token_id": 510,
-        "decoder_sparse_step": 1,
-        "eos_token_id": 511,
-        "head_dim": 64,
-        "hidden_act": "silu",
-        "hidden_size": 128,
-        "initializer_range": 0.02,
-        "intermediate_size": 128,
-        "max_position_embeddings": 4096,
-        "max_window_layers": 48,
-        "mlp_only_layers": [],
-        "model_type": "qwen3_moe",
-        "moe_intermediate_size": 64,
-        "norm_topk_prob": True,
-        "num_attention_heads": 4,
-        "num_experts": 8,
-        "num_experts_per_tok": 2,
-        "num_hidden_layers": 3,
-        "num_key_value_heads": 2,
-        "output_router_logits": False,
-        "rms_norm_eps": 1e-06,
-        "rope_scaling": None,
-        "rope_theta": 1000000.0,
-        "router_aux_loss_coef": 0.001,
-        "sliding_window": None,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "transformers_version": "4.51.0",
-        "use_cache": True,
-        "use_sliding_window": False,
-        "vocab_size": 512,
-    }
-    cfg.update(over)
-    return cfg
+    return fam.hub_config(
+        {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "attention_bias": False,
+            "bos_token_id": 510,
+            "decoder_sparse_step": 1,
+            "head_dim": 64,
+            "intermediate_size": 128,
+            "max_window_layers": 48,
+            "mlp_only_layers": [],
+            "model_type": "qwen3_moe",
+            "moe_intermediate_size": 64,
+            "norm_topk_prob": True,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "num_hidden_layers": 3,
+            "output_router_logits": False,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": None,
+            "rope_theta": 1000000.0,
+            "router_aux_loss_coef": 0.001,
+            "sliding_window": None,
+            "transformers_version": "4.51.0",
+            "use_sliding_window": False,
+        },
+        over,
+    )
 
 
 CASES = [
@@ -63,28 +52,22 @@ CASES = [
         "wide); 4-bit group 64 with mlx-lm's qwen3_moe quant_predicate, which stores every router "
         "(model.layers.L.mlp.gate) at 8 bits",
     ),
-    FamilyCase(
+    fam.mlx_q8_case(
         name="qwen3_moe_mlx_q8",
-        kind="mlx",
         config=hub_config(hidden_size=64, head_dim=16, num_hidden_layers=2, num_experts=16, num_experts_per_tok=4,
                           moe_intermediate_size=32, rope_theta=10000.0, torch_dtype="float16"),
         seed=4002,
-        prompt_len=20,
-        bits=8,
-        group_size=32,
-        dtype="float16",
         desc="qwen3_moe 8-bit group 32, float16: hidden 64, head_dim 16 (q width 64), GQA 4/2, 16 experts top-4, "
         "expert width 32",
     ),
     FamilyCase(
         name="qwen3_moe_hf_bf16",
         kind="hf",
-        config=dict(model_type="qwen3_moe", vocab_size=512, hidden_size=64, head_dim=32, intermediate_size=96,
-                    moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
-                    num_experts=8, num_experts_per_tok=3, mlp_only_layers=[0], norm_topk_prob=False,
-                    attention_bias=True, use_sliding_window=True, sliding_window=7,
-                    rope_parameters={"rope_theta": 5000.0, "rope_type": "default"}, rms_norm_eps=1e-6,
-                    max_position_embeddings=4096, eos_token_id=511, tie_word_embeddings=False),
+        config=fam.hf_config("qwen3_moe", 5000.0, hidden_size=64, head_dim=32, intermediate_size=96,
+                             moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+                             num_key_value_heads=1, num_experts=8, num_experts_per_tok=3, mlp_only_layers=[0],
+                             norm_topk_prob=False, attention_bias=True, use_sliding_window=True, sliding_window=7,
+                             rms_norm_eps=1e-6),
         seed=4003,
         prompt_len=20,
         desc="qwen3_moe in transformers' own layout (per-expert mlp.experts.E.*), bf16: attention_bias TRUE (q/k/v/o "

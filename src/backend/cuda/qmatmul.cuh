@@ -73,8 +73,8 @@ void launch_gemm_simt(const Ctx& ctx, const WeightView& w, const float* x, const
                       const TileList* tiles, int64_t max_tiles, float* y);
 // How the tensor-core kernel rounds x (f32) to its bf16 operand (error analysis in qgemm_mma.cu).
 enum class MmaPrecision : int {
-  kSplitX = 0,  // x = hi + lo, two MMAs: ~1e-10 normalized MSE against f32, or better
-  kBf16X = 1,   // x = bf16(x): ~3e-6 normalized MSE, half the tensor work
+  kSplitX = 0,  // x = hi + mid + lo, three MMAs: f32 x represented exactly, only the f32 accumulation rounds
+  kBf16X = 1,   // x = bf16(x): ~2e-6 normalized MSE, a third of the tensor work
 };
 // The tensor-core tiled kernel (qgemm_mma.cu). Returns false, launching nothing, when the weight or x does not
 // meet its preconditions (bits 4 or 8 with in and group_size multiples of 32, or dense BF16 with in % 8 == 0;
