@@ -38,7 +38,8 @@ FusedMoeSettings settings_from_env() {
 
 std::atomic<int64_t> g_steps{0}, g_fused{0}, g_gather{0};
 thread_local int t_step_depth = 0;
-thread_local moe_trace::Counts* t_recording = nullptr;
+thread_local bool t_recording = false;
+thread_local moe_trace::Counts t_recorded;  // what the Recording alive on this thread has counted
 
 void print_totals() {
   const moe_trace::Counts c = moe_trace::totals();
@@ -95,18 +96,13 @@ DecodeStep::~DecodeStep() {
   --t_step_depth;
 }
 
-// Recording keeps its counts in a member that t_recording points at while it is alive.
-namespace {
-thread_local Counts t_recorded;
-}
-
 Recording::Recording() {
   t_recorded = Counts{};
-  t_recording = &t_recorded;
+  t_recording = true;
 }
 
 Recording::~Recording() {
-  t_recording = nullptr;
+  t_recording = false;
 }
 
 Counts Recording::counts() const {
@@ -120,8 +116,8 @@ void replayed_step(const Counts& per_step) {
 }
 
 void dispatch(bool fused) {
-  if (t_recording != nullptr) {
-    ++(fused ? t_recording->fused : t_recording->gather);
+  if (t_recording) {
+    ++(fused ? t_recorded.fused : t_recorded.gather);
     return;
   }
   if (t_step_depth == 0) return;

@@ -15,12 +15,15 @@
 #include "backend/backend.h"
 #include "cli_runner.h"
 #include "compare.h"
+#include "decode_check.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
 #include "models/test_model.h"
 
 namespace moecel {
 namespace {
+
+using test::to_vector;
 
 struct Family {
   std::string arch;
@@ -38,12 +41,6 @@ const Family kFamilies[] = {
 
 void PrintTo(const Family& f, std::ostream* os) {
   *os << f.arch;
-}
-
-std::vector<float> to_vector(Backend& be, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  be.to_host(t, v.data());
-  return v;
 }
 
 class FamilyTiny : public ::testing::TestWithParam<std::tuple<Family, int>> {};
@@ -65,26 +62,10 @@ TEST_P(FamilyTiny, DecodeWithCacheEqualsFullForward) {
   EXPECT_GT(info.active_bytes_per_token, 0u);
   EXPECT_LT(info.active_bytes_per_token, info.weight_bytes);
   EXPECT_EQ(info.eos_token_ids, std::vector<int32_t>{511});
-  const int64_t vocab = info.vocab_size;
   // 24 tokens: past the tiny mixtral's sliding window of 16.
-  std::vector<int32_t> ids = {5, 17, 300, 42, 42, 7, 511, 0, 128, 64, 3, 99, 1, 2, 3, 4, 200, 201, 5, 6, 7, 8, 9, 10};
-  KvCache full_cache = model->make_cache(int64_t(ids.size()));
-  std::vector<float> full = to_vector(*be, model->forward(ids, full_cache, true));
-  ASSERT_EQ(full.size(), ids.size() * size_t(vocab));
-  KvCache cache = model->make_cache(int64_t(ids.size()));
-  std::vector<float> step = to_vector(*be, model->forward(std::span(ids).first(5), cache, true));
-  for (size_t t = 5; t < ids.size(); ++t) {
-    std::vector<float> one = to_vector(*be, model->forward(std::span(ids).subspan(t, 1), cache, false));
-    step.insert(step.end(), one.begin(), one.end());
-  }
-  ASSERT_EQ(step.size(), full.size());
-  for (size_t t = 0; t < ids.size(); ++t) {
-    const float* a = step.data() + t * size_t(vocab);
-    const float* b = full.data() + t * size_t(vocab);
-    EXPECT_LT(test::rel_l2(a, b, size_t(vocab)), 1e-4) << "position " << t;
-    EXPECT_EQ(std::max_element(a, a + vocab) - a, std::max_element(b, b + vocab) - b) << "position " << t;
-  }
-  for (float v : full) ASSERT_TRUE(std::isfinite(v));
+  const std::vector<int32_t> ids = {5, 17, 300, 42, 42,  7,   511, 0, 128, 64, 3, 99,
+                                    1, 2,  3,   4,  200, 201, 5,   6, 7,   8,  9, 10};
+  test::expect_decode_matches_full_forward(*model, *be, ids);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyTiny,

@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "cli_runner.h"
 #include "compare.h"
+#include "decode_check.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
 #include "models/test_model.h"
@@ -16,11 +17,7 @@
 namespace moecel {
 namespace {
 
-std::vector<float> to_vector(Backend& be, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  be.to_host(t, v.data());
-  return v;
-}
+using test::to_vector;
 
 class OlmoeTiny : public ::testing::TestWithParam<int> {};
 
@@ -32,28 +29,8 @@ TEST_P(OlmoeTiny, DecodeWithCacheEqualsFullForward) {
   write_test_model(opt, dir.str());
   auto be = make_backend("cpu");
   auto model = load_model(dir.str(), *be);
-  const int64_t vocab = model->info().vocab_size;
-  std::vector<int32_t> ids = {5, 17, 300, 42, 42, 7, 511, 0, 128, 64, 3, 99};
-
-  KvCache full_cache = model->make_cache(int64_t(ids.size()));
-  std::vector<float> full = to_vector(*be, model->forward(ids, full_cache, true));
-  ASSERT_EQ(full.size(), ids.size() * size_t(vocab));
-
-  // Prefill 5 tokens, then one token at a time.
-  KvCache cache = model->make_cache(int64_t(ids.size()));
-  std::vector<float> step = to_vector(*be, model->forward(std::span(ids).first(5), cache, true));
-  for (size_t t = 5; t < ids.size(); ++t) {
-    std::vector<float> one = to_vector(*be, model->forward(std::span(ids).subspan(t, 1), cache, false));
-    step.insert(step.end(), one.begin(), one.end());
-  }
-  ASSERT_EQ(step.size(), full.size());
-  for (size_t t = 0; t < ids.size(); ++t) {
-    const float* a = step.data() + t * size_t(vocab);
-    const float* b = full.data() + t * size_t(vocab);
-    EXPECT_LT(test::rel_l2(a, b, size_t(vocab)), 1e-4) << "position " << t;
-    EXPECT_EQ(std::max_element(a, a + vocab) - a, std::max_element(b, b + vocab) - b) << "position " << t;
-  }
-  for (float v : full) ASSERT_TRUE(std::isfinite(v));
+  const std::vector<int32_t> ids = {5, 17, 300, 42, 42, 7, 511, 0, 128, 64, 3, 99};
+  test::expect_decode_matches_full_forward(*model, *be, ids);
 }
 
 INSTANTIATE_TEST_SUITE_P(Bits, OlmoeTiny, ::testing::Values(4, 8, 0));
