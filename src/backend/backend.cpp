@@ -39,6 +39,37 @@ void Backend::fused_moe(const LinearWeight&, const LinearWeight&, const LinearWe
   fail("backend '{}' has no fused decode-MoE path", name());
 }
 
+void Backend::fused_moe_add(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
+                            const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& residual) {
+  Tensor out = scratch(DType::kF32, residual.shape);
+  fused_moe(gate, up, down, act, x, indices, weights, out);
+  add(residual, out, residual);
+}
+
+// Decode-step fusions: the named ops in sequence (a backend overrides them to save launches, not to change results
+// beyond the rounding of its own reductions).
+void Backend::rms_norm_linears(const Tensor& x, const Tensor& norm_weight, float eps,
+                               std::span<const LinearWeight* const> ws, std::span<Tensor* const> ys, Tensor* xn_out) {
+  MOECEL_CHECK(ws.size() == ys.size(), "rms_norm_linears: {} weights but {} outputs", ws.size(), ys.size());
+  Tensor xn = xn_out ? *xn_out : scratch(DType::kF32, x.shape);
+  rms_norm(x, norm_weight, eps, xn);
+  for (size_t i = 0; i < ws.size(); ++i) linear(*ws[i], xn, *ys[i]);
+}
+
+void Backend::linear_residual(const LinearWeight& w, const Tensor& x, Tensor& residual) {
+  Tensor y = scratch(DType::kF32, residual.shape);
+  linear(w, x, y);
+  add(residual, y, residual);
+}
+
+void Backend::rms_norm_router(const Tensor& x, const Tensor& norm_weight, float eps, const LinearWeight& router,
+                              RouterScoring scoring, int k, bool renormalize, Tensor& xn, Tensor& logits,
+                              Tensor& indices, Tensor& weights) {
+  rms_norm(x, norm_weight, eps, xn);
+  linear(router, xn, logits);
+  router_topk(logits, scoring, k, renormalize, indices, weights);
+}
+
 }  // namespace moecel
 
 namespace moecel {

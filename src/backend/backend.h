@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -100,6 +101,20 @@ class Backend {
     rope(k, pos0, n_kv_heads, head_dim, rot_dims, theta);
     kv_store(k, v, k_cache, v_cache, pos0);
   }
+  // xn = rms_norm(x, norm_weight), then ys[i] = linear(*ws[i], xn) for every i (e.g. q, k and v from one
+  // input); xn is also written to *xn_out when given. x (n_tokens, d); ws[i] (out_i, d); ys[i] (n_tokens, out_i).
+  // No output may overlap x.
+  virtual void rms_norm_linears(const Tensor& x, const Tensor& norm_weight, float eps,
+                                std::span<const LinearWeight* const> ws, std::span<Tensor* const> ys, Tensor* xn_out);
+  // residual (n_tokens, out) += linear(w, x), x (n_tokens, in) not overlapping residual (an output projection
+  // added to the residual stream).
+  virtual void linear_residual(const LinearWeight& w, const Tensor& x, Tensor& residual);
+  // A router on a normalized input: xn = rms_norm(x, norm_weight), logits = linear(router, xn), then
+  // router_topk(logits, scoring, k, renormalize) -> indices, weights. x, xn (n_tokens, d); logits
+  // (n_tokens, n_experts).
+  virtual void rms_norm_router(const Tensor& x, const Tensor& norm_weight, float eps, const LinearWeight& router,
+                               RouterScoring scoring, int k, bool renormalize, Tensor& xn, Tensor& logits,
+                               Tensor& indices, Tensor& weights);
   // ---- the fused single-token decode-MoE path (DESIGN.md section 5; gating lives in SwitchGLU) ----
   // Largest moe_intermediate_size the fused path takes on this backend by default (0: no fused path).
   virtual int64_t fused_moe_default_max_dff() const { return 0; }
@@ -109,6 +124,10 @@ class Backend {
   // weights F32 (1, k). Only called for weights SwitchGLU found eligible.
   virtual void fused_moe(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
                          const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& out);
+  // residual (1, hidden) += fused_moe(...) with the same arguments: the MoE block's output added to the residual
+  // stream, rounded exactly as fused_moe then add would.
+  virtual void fused_moe_add(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
+                             const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& residual);
   // logits (n_tokens, vocab) -> ids I32 (n_tokens,) on this device, without waiting for the host.
   virtual void argmax_to(const Tensor& logits, Tensor& ids) {
     const std::vector<int32_t> v = argmax(logits);

@@ -231,14 +231,13 @@ Tensor DecoderModel::forward_device(const Tensor& tok, KvCache& cache, bool all_
   const float scale = float(1.0 / std::sqrt(double(dc_.head_dim)));
   const float eps = float(dc_.rms_norm_eps), theta = float(dc_.rope_theta);
   const int n_heads = int(dc_.n_heads), n_kv_heads = int(dc_.n_kv_heads), head_dim = int(dc_.head_dim);
-  be.rms_norm(x, layers_[0].input_norm, eps, xn);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& ly = layers_[l];
-    // attention: h = x + o_proj(attn(rope(q_norm(q_proj(xn))), rope(k_norm(k_proj(xn))), v_proj(xn)))
-    // (xn = input_layernorm(x) was computed before the loop or fused into the previous layer's last add)
-    be.linear(ly.q_proj, xn, q);
-    be.linear(ly.k_proj, xn, k);
-    be.linear(ly.v_proj, xn, v);
+    // attention: x += o_proj(attn(rope(q_norm(q_proj(xn))), rope(k_norm(k_proj(xn))), v_proj(xn))),
+    // xn = input_layernorm(x)
+    const LinearWeight* qkv_w[] = {&ly.q_proj, &ly.k_proj, &ly.v_proj};
+    Tensor* qkv[] = {&q, &k, &v};
+    be.rms_norm_linears(x, ly.input_norm, eps, qkv_w, qkv, nullptr);
     if (ly.q_bias.data) {
       be.add_bias(q, ly.q_bias);
       be.add_bias(k, ly.k_bias);
@@ -252,16 +251,17 @@ Tensor DecoderModel::forward_device(const Tensor& tok, KvCache& cache, bool all_
     be.rope(k, pos0, n_kv_heads, head_dim, head_dim, theta);
     be.kv_store(k, v, cache.k[l], cache.v[l], pos0);
     be.attention(q, cache.k[l], cache.v[l], pos0, n_heads, n_kv_heads, head_dim, scale, ly.window, att);
-    be.linear(ly.o_proj, att, o);
-    if (ly.o_bias.data) be.add_bias(o, ly.o_bias);
-    // feed-forward: x = h + ffn(post_attention_layernorm(h))
-    be.add_rms_norm(x, o, x, ly.post_norm, eps, xn);
-    Tensor f = feed_forward(be, l, xn);
-    if (l + 1 < layers_.size()) {
-      be.add_rms_norm(x, f, x, layers_[l + 1].input_norm, eps, xn);  // and the next layer's input norm
+    if (ly.o_bias.data) {
+      be.linear(ly.o_proj, att, o);
+      be.add_bias(o, ly.o_bias);
+      be.add(x, o, x);
     } else {
-      be.add(x, f, x);
+      be.linear_residual(ly.o_proj, att, x);
     }
+    // feed-forward: x += ffn(post_attention_layernorm(x))
+    be.rms_norm(x, ly.post_norm, eps, xn);
+    Tensor f = feed_forward(be, l, xn);
+    be.add(x, f, x);
   }
   Tensor last = all_logits ? x : x.slice_rows(n - 1, n);
   Tensor normed = be.scratch(DType::kF32, last.shape);

@@ -110,21 +110,20 @@ class Olmoe final : public Model {
     Tensor xn = be.scratch(DType::kF32, {n, h});
     Tensor q = be.scratch(DType::kF32, {n, h}), k = be.scratch(DType::kF32, {n, kv});
     Tensor v = be.scratch(DType::kF32, {n, kv});
-    Tensor att = be.scratch(DType::kF32, {n, h}), o = be.scratch(DType::kF32, {n, h});
+    Tensor att = be.scratch(DType::kF32, {n, h});
     Tensor router_logits = be.scratch(DType::kF32, {n, cfg_.n_experts});
     Tensor topk_idx = be.scratch(DType::kI32, {n, cfg_.n_experts_per_tok});
     Tensor topk_w = be.scratch(DType::kF32, {n, cfg_.n_experts_per_tok});
     const float scale = float(1.0 / std::sqrt(double(cfg_.head_dim)));
     const float eps = float(cfg_.rms_norm_eps), theta = float(cfg_.rope_theta);
     const int n_heads = int(cfg_.n_heads), n_kv_heads = int(cfg_.n_kv_heads), head_dim = int(cfg_.head_dim);
-    be.rms_norm(x, layers_[0].input_norm, eps, xn);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& ly = layers_[l];
-      // attention: h = x + o_proj(attn(rope(q_norm(q_proj(xn))), rope(k_norm(k_proj(xn))), v_proj(xn)))
-      // (xn = input_norm(x) was computed before the loop or fused into the previous layer's last add)
-      be.linear(ly.q_proj, xn, q);
-      be.linear(ly.k_proj, xn, k);
-      be.linear(ly.v_proj, xn, v);
+      // attention: x += o_proj(attn(rope(q_norm(q_proj(xn))), rope(k_norm(k_proj(xn))), v_proj(xn))),
+      // xn = input_norm(x)
+      const LinearWeight* qkv_w[] = {&ly.q_proj, &ly.k_proj, &ly.v_proj};
+      Tensor* qkv[] = {&q, &k, &v};
+      be.rms_norm_linears(x, ly.input_norm, eps, qkv_w, qkv, nullptr);
       if (cfg_.clip_qkv > 0) {
         be.rms_norm(q, ly.q_norm, eps, q);
         be.rms_norm(k, ly.k_norm, eps, k);
@@ -139,18 +138,11 @@ class Olmoe final : public Model {
                               cache.k[l], cache.v[l], pos0);
       }
       be.attention(q, cache.k[l], cache.v[l], pos0, n_heads, n_kv_heads, head_dim, scale, 0, att);
-      be.linear(ly.o_proj, att, o);
-      // MoE: x = h + sum_k w_k * expert_k(post_norm(h)), softmax over all experts, top-k
-      be.add_rms_norm(x, o, x, ly.post_norm, eps, xn);
-      be.linear(ly.router, xn, router_logits);
-      be.router_topk(router_logits, RouterScoring::kSoftmax, int(cfg_.n_experts_per_tok), cfg_.norm_topk_prob, topk_idx,
-                     topk_w);
-      Tensor moe = ly.experts.forward(be, xn, topk_idx, topk_w);
-      if (l + 1 < layers_.size()) {
-        be.add_rms_norm(x, moe, x, layers_[l + 1].input_norm, eps, xn);  // and the next layer's input norm
-      } else {
-        be.add(x, moe, x);
-      }
+      be.linear_residual(ly.o_proj, att, x);
+      // MoE: x += sum_k w_k * expert_k(xn), xn = post_norm(x), softmax over all experts, top-k
+      be.rms_norm_router(x, ly.post_norm, eps, ly.router, RouterScoring::kSoftmax, int(cfg_.n_experts_per_tok),
+                         cfg_.norm_topk_prob, xn, router_logits, topk_idx, topk_w);
+      ly.experts.forward_add(be, xn, topk_idx, topk_w, x);
     }
     Tensor last = all_logits ? x : x.slice_rows(n - 1, n);
     Tensor normed = be.scratch(DType::kF32, last.shape);

@@ -35,6 +35,18 @@ Tensor SwitchGLU::forward(Backend& be, const Tensor& x, const Tensor& indices, c
   return fused ? forward_fused(be, x, indices, weights) : forward_gather(be, x, indices, weights);
 }
 
+void SwitchGLU::forward_add(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights,
+                            Tensor& residual) const {
+  const bool fused = indices.dim(0) == 1 && fused_eligible(be);
+  moe_trace::dispatch(fused);
+  if (fused) {
+    be.fused_moe_add(w_.gate, w_.up, w_.down, act_, x, indices, weights, residual);
+    return;
+  }
+  const Tensor moe = forward_gather(be, x, indices, weights);
+  be.add(residual, moe, residual);
+}
+
 Tensor SwitchGLU::forward_fused(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights) const {
   MOECEL_CHECK(indices.dim(0) == 1 && x.dim(0) == 1, "fused decode-MoE path: expected one token, got {}",
                indices.dim(0));

@@ -24,6 +24,9 @@ class SwitchGLU {
   // path. Each call is one dispatch for the trace (moe_dispatch.h).
   // x (n_tokens, hidden_size); indices I32 (n_tokens, k); weights F32 (n_tokens, k) -> (n_tokens, hidden_size)
   Tensor forward(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights) const;
+  // residual (n_tokens, hidden_size) += forward(be, x, indices, weights), one dispatch: the fused path adds in its
+  // last kernel, the gather path with an add (same rounding).
+  void forward_add(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& residual) const;
   // The gather path (reference and fallback): per (token, expert) products, activation, down product,
   // then the weighted sum. Same shapes as forward.
   Tensor forward_gather(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights) const;

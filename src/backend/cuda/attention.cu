@@ -1,6 +1,7 @@
-// Attention: one block of 4 warps per (head, token). Warp w takes cache rows first + w, first + w + 4, ...;
+// Attention: one block of W warps per (head, token) (W = 16 for decode, 4 for prefill). Warp w takes cache rows
+// first + w, first + w + W, ...;
 // each lane holds head_dim / 32 dims (lane + 32 j: coalesced rows), the warp reduces q . k with shuffles and
-// keeps its own online-softmax state (max, sum, weighted V); the 4 states are merged through shared memory.
+// keeps its own online-softmax state (max, sum, weighted V); the W states are merged through shared memory.
 // Decode and prefill share the kernel (prefill: grid.y = tokens). Split-K for long contexts and a tensor-core
 // prefill kernel are later steps.
 #include "backend/cuda/attention.cuh"
@@ -8,15 +9,19 @@
 namespace moecel::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
+// Decode has one block per head only: 16 warps each walk a sixteenth of the cache rows, so the chain of dependent
+// row loads per warp stays short. Prefill has a block per (head, token) and keeps 4.
+constexpr int kDecodeWarps = 16;
+constexpr int kPrefillWarps = 4;
 
-// Preconditions: blockDim.x == kThreads; grid (n_heads, n_tokens); head_dim <= 32 * VPL <= kMaxHeadDim;
+// Preconditions: blockDim.x == 32 * kWarps; grid (n_heads, n_tokens); head_dim <= 32 * VPL <= kMaxHeadDim;
 // n_heads % n_kv_heads == 0; cache rows [0, pos0 + n_tokens) exist.
-template <int VPL>
-__global__ void __launch_bounds__(kThreads)
+template <int VPL, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
     attention_kernel(const float* q, const float* kc, const float* vc, int64_t pos0, const int64_t* step_pos,
                      int n_heads, int n_kv_heads, int head_dim, float scale, int window, float* out) {
+  constexpr int kThreads = kWarps * 32;
+  pdl_enter();
   if (step_pos) pos0 = *step_pos;
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_acc[kWarps][kMaxHeadDim];
@@ -92,9 +97,13 @@ __global__ void __launch_bounds__(kThreads)
 template <int VPL>
 void launch_vpl(const Ctx& ctx, dim3 grid, const float* q, const float* kc, const float* vc, int64_t pos0, int n_heads,
                 int n_kv_heads, int head_dim, float scale, int window, float* out) {
-  attention_kernel<VPL><<<grid, kThreads, 0, ctx.stream>>>(q, kc, vc, pos0, ctx.step_pos, n_heads, n_kv_heads, head_dim,
-                                                           scale, window, out);
-  CUDA_CHECK_LAUNCH();
+  if (grid.y == 1) {
+    launch_k(ctx, attention_kernel<VPL, kDecodeWarps>, grid, kDecodeWarps * 32, 0, q, kc, vc, pos0, ctx.step_pos,
+             n_heads, n_kv_heads, head_dim, scale, window, out);
+  } else {
+    launch_k(ctx, attention_kernel<VPL, kPrefillWarps>, grid, kPrefillWarps * 32, 0, q, kc, vc, pos0, ctx.step_pos,
+             n_heads, n_kv_heads, head_dim, scale, window, out);
+  }
 }
 
 }  // namespace

@@ -154,9 +154,14 @@ struct CudaBackend::Impl {
   int fused_rows_per_warp = knob_from_env("MOECEL_CUDA_FUSED_ROWS", 2, {0, 1, 2, 4});
   int fused_down_rows_per_warp = knob_from_env("MOECEL_CUDA_FUSED_DOWN_ROWS", 1, {1, 2});
   int fused_slot_batch = knob_from_env("MOECEL_CUDA_FUSED_SLOTS", 4, {1, 2, 4, 8});
+  // Decode-step fusions (bit 1: rms_norm_linears, 2: linear_residual, 4: rms_norm_router's norm, 8: its top-k in
+  // the same launch); for measuring what each saves. Results do not depend on them.
+  int fusions = knob_from_env("MOECEL_CUDA_FUSIONS", 7, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+  bool fused_b_prefetch = knob_from_env("MOECEL_CUDA_FUSED_B_PREFETCH", 1, {0, 1}) == 1;
   std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();
   unsigned* flag_host = nullptr;    // mapped pinned word the kernels raise DeviceError bits in
   int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)
+  unsigned* counter_dev = nullptr;  // ctx.block_counter
   StepIo* io_host = nullptr;        // pinned
   bool capturing = false;
   std::vector<std::shared_ptr<void>> captured;  // blocks handed out while recording: reserved for the graph
@@ -169,6 +174,7 @@ struct CudaBackend::Impl {
     if (flag_host) cudaFreeHost(flag_host);
     if (io_host) cudaFreeHost(io_host);
     if (step_pos_dev) cudaFree(step_pos_dev);
+    if (counter_dev) cudaFree(counter_dev);
     cudaGetLastError();
   }
 
@@ -251,6 +257,12 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   *impl_->io_host = StepIo{};
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl_->step_pos_dev), sizeof(int64_t)));
   CUDA_CHECK(cudaMemset(impl_->step_pos_dev, 0, sizeof(int64_t)));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl_->counter_dev), sizeof(unsigned)));
+  CUDA_CHECK(cudaMemset(impl_->counter_dev, 0, sizeof(unsigned)));
+  impl_->ctx.block_counter = impl_->counter_dev;
+  // Programmatic dependent launch (cuda_common.cuh): on unless MOECEL_CUDA_PDL=0 (for measuring its gain).
+  impl_->ctx.pdl = knob_from_env("MOECEL_CUDA_PDL", 1, {0, 1}) == 1;
+  impl_->ctx.gemv_rows = knob_from_env("MOECEL_CUDA_GEMV_ROWS", 0, {0, 1, 2, 4});
 }
 
 std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const std::function<void()>& record, const Tensor& ids,
@@ -625,8 +637,12 @@ void CudaBackend::moe_weighted_sum(const Tensor& y, const Tensor& weights, Tenso
   cuda::launch_moe_weighted_sum(impl_->ctx, y.ptr<float>(), weights.ptr<float>(), n, k, h, out.ptr<float>());
 }
 
-void CudaBackend::fused_moe(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
-                            const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& out) {
+namespace {
+
+// fused_moe, and fused_moe_add when residual is set (then out is the residual, updated in place).
+void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& gate, const LinearWeight& up,
+                   const LinearWeight& down, Activation act, const Tensor& x, const Tensor& indices,
+                   const Tensor& weights, Tensor& out, bool residual) {
   check_f32(x, "fused_moe input");
   check_f32(out, "fused_moe output");
   check_f32(weights, "fused_moe weights");
@@ -642,20 +658,159 @@ void CudaBackend::fused_moe(const LinearWeight& gate, const LinearWeight& up, co
   check_rows(x, 1, gate.in, "fused_moe input");
   check_rows(out, 1, gate.in, "fused_moe output");
   check_no_overlap(x, out, "fused_moe");
-  Tensor act_buf = scratch(DType::kF32, {k, gate.out});  // (k, ffn)
+  Tensor act_buf = be.scratch(DType::kF32, {k, gate.out});  // (k, ffn)
   a.x = x.ptr<float>();
   a.indices = indices.ptr<int32_t>();
   a.weights = weights.ptr<float>();
   a.act = act_buf.ptr<float>();
   a.out = out.ptr<float>();
+  a.residual = residual ? out.ptr<float>() : nullptr;
   a.k = int(k);
   a.glu = act == Activation::kSiLU   ? cuda::GluAct::kSiLU
           : act == Activation::kGeLU ? cuda::GluAct::kGeLU
                                      : cuda::GluAct::kReLU2;
-  a.rows_per_warp = impl_->fused_rows_per_warp;
-  a.down_rows_per_warp = impl_->fused_down_rows_per_warp;
-  a.max_slot_batch = impl_->fused_slot_batch;
-  cuda::launch_fused_moe(impl_->ctx, a);
+  a.rows_per_warp = im.fused_rows_per_warp;
+  a.down_rows_per_warp = im.fused_down_rows_per_warp;
+  a.max_slot_batch = im.fused_slot_batch;
+  a.b_prefetch = im.fused_b_prefetch;
+  cuda::launch_fused_moe(im.ctx, a);
+}
+
+}  // namespace
+
+void CudaBackend::fused_moe(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
+                            const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& out) {
+  run_fused_moe(*this, *impl_, gate, up, down, act, x, indices, weights, out, false);
+}
+
+void CudaBackend::fused_moe_add(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down,
+                                Activation act, const Tensor& x, const Tensor& indices, const Tensor& weights,
+                                Tensor& residual) {
+  run_fused_moe(*this, *impl_, gate, up, down, act, x, indices, weights, residual, true);
+}
+
+// ---- decode-step fusions: one matrix-vector launch (qmatmul.cuh, launch_gemv_fused) where it applies, else the
+// Backend defaults (the ops one by one) ----
+
+namespace {
+
+// The weights of one fused launch: quantized, sharing in, bits, group size and scale type.
+bool fusable(std::span<const LinearWeight* const> ws, int64_t in) {
+  if (ws.empty() || ws.size() > size_t(cuda::kMaxGemvParts)) return false;
+  for (const LinearWeight* w : ws) {
+    if (!w->quantized() || w->n_stack != 0 || w->in != in || w->bits != ws[0]->bits ||
+        w->group_size != ws[0]->group_size || w->scales.dtype != ws[0]->scales.dtype) {
+      return false;
+    }
+  }
+  return true;
+}
+
+cuda::GemvFusion norm_fusion(const Tensor& norm_weight, float eps, int64_t d) {
+  check_dev(norm_weight, "rms_norm weight");
+  MOECEL_CHECK(norm_weight.numel() == d, "rms_norm: weight of {} elements for rows of {}", norm_weight.numel(), d);
+  cuda::GemvFusion f;
+  f.norm_w = norm_weight.data;
+  f.norm_type = float_type(norm_weight.dtype, "rms_norm weight");
+  f.eps = eps;
+  return f;
+}
+
+}  // namespace
+
+void CudaBackend::rms_norm_linears(const Tensor& x, const Tensor& norm_weight, float eps,
+                                   std::span<const LinearWeight* const> ws, std::span<Tensor* const> ys,
+                                   Tensor* xn_out) {
+  MOECEL_CHECK(ws.size() == ys.size(), "rms_norm_linears: {} weights but {} outputs", ws.size(), ys.size());
+  const int64_t d = norm_weight.numel();
+  if (!(impl_->fusions & 1) || d == 0 || !fusable(ws, d) || x.numel() % d != 0 ||
+      x.numel() / d > cuda::kGemvMaxTokens) {
+    return Backend::rms_norm_linears(x, norm_weight, eps, ws, ys, xn_out);
+  }
+  check_f32(x, "rms_norm_linears input");
+  const int64_t n = x.numel() / d;
+  cuda::WeightView views[cuda::kMaxGemvParts];
+  float* outs[cuda::kMaxGemvParts];
+  for (size_t i = 0; i < ws.size(); ++i) {
+    views[i] = weight_view(*ws[i], "rms_norm_linears");
+    check_f32(*ys[i], "rms_norm_linears output");
+    check_rows(*ys[i], n, ws[i]->out, ws[i]->name.c_str());
+    check_no_overlap(x, *ys[i], "rms_norm_linears");
+    outs[i] = ys[i]->ptr<float>();
+  }
+  cuda::GemvFusion f = norm_fusion(norm_weight, eps, d);
+  if (xn_out) {
+    check_f32(*xn_out, "rms_norm_linears normalized output");
+    check_rows(*xn_out, n, d, "rms_norm_linears normalized output");
+    check_no_overlap(x, *xn_out, "rms_norm_linears");
+    f.xn_out = xn_out->ptr<float>();
+  }
+  if (!cuda::launch_gemv_fused(impl_->ctx, std::span(views, ws.size()), std::span(outs, ws.size()), x.ptr<float>(), n,
+                               f)) {
+    Backend::rms_norm_linears(x, norm_weight, eps, ws, ys, xn_out);
+  }
+}
+
+void CudaBackend::linear_residual(const LinearWeight& w, const Tensor& x, Tensor& residual) {
+  const LinearWeight* ws[] = {&w};
+  const int64_t n = x.numel() / std::max<int64_t>(1, w.in);
+  if (!(impl_->fusions & 2) || !fusable(ws, w.in) || n > cuda::kGemvMaxTokens)
+    return Backend::linear_residual(w, x, residual);
+  check_f32(x, "linear input");
+  check_f32(residual, "linear residual");
+  check_rows(x, n, w.in, w.name.c_str());
+  check_rows(residual, n, w.out, w.name.c_str());
+  check_no_overlap(x, residual, "linear_residual");
+  const cuda::WeightView v = weight_view(w, "linear");
+  float* y = residual.ptr<float>();
+  cuda::GemvFusion f;
+  f.residual = y;
+  if (!cuda::launch_gemv_fused(impl_->ctx, std::span(&v, 1), std::span(&y, 1), x.ptr<float>(), n, f)) {
+    Backend::linear_residual(w, x, residual);
+  }
+}
+
+void CudaBackend::rms_norm_router(const Tensor& x, const Tensor& norm_weight, float eps, const LinearWeight& router,
+                                  RouterScoring scoring, int k, bool renormalize, Tensor& xn, Tensor& logits,
+                                  Tensor& indices, Tensor& weights) {
+  const LinearWeight* ws[] = {&router};
+  const int64_t d = norm_weight.numel(), n_experts = router.out;
+  const bool fits = d > 0 && x.numel() % d == 0 && x.numel() / d <= cuda::kGemvMaxTokens && k >= 1 && k <= n_experts;
+  if (!(impl_->fusions & 4) || !fits || !fusable(ws, d)) {
+    return Backend::rms_norm_router(x, norm_weight, eps, router, scoring, k, renormalize, xn, logits, indices, weights);
+  }
+  const int64_t n = x.numel() / d;
+  check_f32(x, "router input");
+  check_f32(xn, "router normalized input");
+  check_f32(logits, "router logits");
+  check_f32(weights, "router weights");
+  check_dev(indices, "router indices");
+  MOECEL_CHECK(indices.dtype == DType::kI32, "router: indices must be I32, got {}", dtype_name(indices.dtype));
+  check_rows(xn, n, d, "router normalized input");
+  check_rows(logits, n, n_experts, "router logits");
+  check_rows(indices, n, k, "router indices");
+  check_rows(weights, n, k, "router weights");
+  check_no_overlap(x, xn, "rms_norm_router");
+  check_no_overlap(x, logits, "rms_norm_router");
+  const cuda::WeightView v = weight_view(router, "router");
+  cuda::GemvFusion f = norm_fusion(norm_weight, eps, d);
+  f.xn_out = xn.ptr<float>();
+  // The top-k in the launch's last block (bit 8 of MOECEL_CUDA_FUSIONS) measured slower on the H200 than a
+  // separate one-warp kernel started early by PDL (OLMoE tg128 852 vs 872 tok/s), so by default it is separate.
+  const bool epilogue = (impl_->fusions & 8) && k <= 32 && n_experts <= cuda::kWarpRouterExperts;
+  if (epilogue) {
+    f.router.k = k;
+    f.router.topk_softmax = scoring == RouterScoring::kTopKSoftmax;
+    f.router.renormalize = renormalize;
+    f.router.indices = indices.ptr<int32_t>();
+    f.router.weights = weights.ptr<float>();
+    f.counter = impl_->ctx.block_counter;
+  }
+  float* y = logits.ptr<float>();
+  if (!cuda::launch_gemv_fused(impl_->ctx, std::span(&v, 1), std::span(&y, 1), x.ptr<float>(), n, f)) {
+    return Backend::rms_norm_router(x, norm_weight, eps, router, scoring, k, renormalize, xn, logits, indices, weights);
+  }
+  if (!epilogue) router_topk(logits, scoring, k, renormalize, indices, weights);
 }
 
 std::vector<int32_t> CudaBackend::argmax(const Tensor& logits) {
@@ -665,7 +820,8 @@ std::vector<int32_t> CudaBackend::argmax(const Tensor& logits) {
   std::vector<int32_t> out(static_cast<size_t>(n));
   if (n == 0) return out;
   const std::shared_ptr<void> buf = impl_->scratch(size_t(n) * sizeof(int32_t));
-  cuda::launch_argmax(impl_->ctx, logits.ptr<float>(), n, v, static_cast<int32_t*>(buf.get()));
+  const std::shared_ptr<void> part = impl_->scratch(cuda::argmax_scratch_bytes(n));
+  cuda::launch_argmax(impl_->ctx, logits.ptr<float>(), n, v, static_cast<int32_t*>(buf.get()), part.get());
   CUDA_CHECK(
       cudaMemcpyAsync(out.data(), buf.get(), size_t(n) * sizeof(int32_t), cudaMemcpyDeviceToHost, impl_->ctx.stream));
   impl_->sync();
@@ -679,7 +835,8 @@ void CudaBackend::argmax_to(const Tensor& logits, Tensor& ids) {
   const int64_t v = logits.dim(-1), n = logits.numel() / v;
   MOECEL_CHECK(ids.dtype == DType::kI32 && ids.numel() == n, "argmax: ids must be I32 with {} elements, got {} {}", n,
                dtype_name(ids.dtype), shape_str(ids.shape));
-  cuda::launch_argmax(impl_->ctx, logits.ptr<float>(), n, v, ids.ptr<int32_t>());
+  const std::shared_ptr<void> part = impl_->scratch(cuda::argmax_scratch_bytes(n));
+  cuda::launch_argmax(impl_->ctx, logits.ptr<float>(), n, v, ids.ptr<int32_t>(), part.get());
 }
 
 // ---- ops of the qwen2_moe / qwen3_moe / dots1 blocks (bias_ops.cu, router_grouped.cu) ----

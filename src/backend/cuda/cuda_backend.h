@@ -54,6 +54,16 @@ class CudaBackend final : public Backend {
   int64_t fused_moe_default_max_dff() const override { return 8192; }
   void fused_moe(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
                  const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& out) override;
+  void fused_moe_add(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
+                     const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& residual) override;
+  // One matrix-vector launch each for up to 4 tokens of quantized weights (norm, residual add and router top-k done
+  // inside it); otherwise the Backend defaults.
+  void rms_norm_linears(const Tensor& x, const Tensor& norm_weight, float eps, std::span<const LinearWeight* const> ws,
+                        std::span<Tensor* const> ys, Tensor* xn_out) override;
+  void linear_residual(const LinearWeight& w, const Tensor& x, Tensor& residual) override;
+  void rms_norm_router(const Tensor& x, const Tensor& norm_weight, float eps, const LinearWeight& router,
+                       RouterScoring scoring, int k, bool renormalize, Tensor& xn, Tensor& logits, Tensor& indices,
+                       Tensor& weights) override;
   void argmax_to(const Tensor& logits, Tensor& ids) override;
   // Waits for the stream, then throws if a kernel flagged bad input (token id / expert index out of range).
   void synchronize() override;

@@ -34,6 +34,12 @@ struct Ctx {
   // Set while a decode graph is recorded: rope, kv_store and attention read their pos0 from this device word
   // (written before each replay) instead of the value passed at record time.
   const int64_t* step_pos = nullptr;
+  // Programmatic dependent launch for the kernels launched with launch_k (MOECEL_CUDA_PDL=0 turns it off).
+  bool pdl = true;
+  // Rows per warp of the matrix-vector kernel (MOECEL_CUDA_GEMV_ROWS: 1, 2 or 4; 0 = chosen by size).
+  int gemv_rows = 0;
+  // A zeroed device counter for kernels that finish with a "last block" epilogue (each resets it on exit).
+  unsigned* block_counter = nullptr;
 };
 
 }  // namespace moecel::cuda
@@ -54,6 +60,8 @@ struct Ctx {
 #ifdef __CUDACC__
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <utility>
 
 namespace moecel::cuda {
 
@@ -152,6 +160,40 @@ __device__ __forceinline__ void block_argmax(float& v, int& i, float* red_v, int
 
 __device__ __forceinline__ void raise_device_error(unsigned* flag, unsigned bits) {
   if (flag) atomicOr_system(flag, bits);
+}
+
+// Programmatic dependent launch (PDL). A kernel launched by launch_k may start while the kernel before it on the
+// stream is still running: before pdl_wait() it may only read weights (never written by kernels), so their
+// memory latency overlaps the previous kernel; pdl_wait() returns once that kernel has finished and its writes
+// are visible. pdl_trigger() (always after pdl_wait(), so at most two kernels overlap) lets the next one start.
+// Both are no-ops for a kernel launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_trigger() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// Both at once, for kernels with nothing to prefetch.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_trigger();
+}
+
+// Launches `kernel` on the context's stream, with programmatic stream serialization when ctx.pdl is set. Every
+// kernel launched this way calls pdl_wait() before it touches memory that earlier kernels write.
+template <class... KArgs, class... Args>
+void launch_k(const Ctx& ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = ctx.stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = ctx.pdl ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 }  // namespace moecel::cuda

@@ -70,6 +70,7 @@ template <int BITS, typename ST, GluAct ACT, int RPW>
 __global__ void __launch_bounds__(kThreads) fused_gate_up_kernel(FusedMoeArgs a, unsigned* err) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
+  pdl_enter();  // the indices and x come from the kernels before
   const int j = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t ffn = a.gate.out, hidden = a.gate.in;
@@ -189,6 +190,7 @@ template <int BITS, typename ST, GluAct ACT>
 __global__ void __launch_bounds__(kThreads) fused_gate_up_pipelined_kernel(FusedMoeArgs a, unsigned* err) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
+  pdl_enter();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t hidden = a.gate.in, total = int64_t(a.k) * a.gate.out;
   const int64_t n_chunks = hidden / kChunk, W = int64_t(gridDim.x) * kWarps;
@@ -221,6 +223,7 @@ template <int BITS, typename ST, int KB, int RPW>
 __global__ void __launch_bounds__(kThreads) fused_down_kernel(FusedMoeArgs a, unsigned* err) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
+  if (!a.b_prefetch) pdl_enter();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t hidden = a.down.out, ffn = a.down.in;
   const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * RPW;
@@ -239,7 +242,9 @@ __global__ void __launch_bounds__(kThreads) fused_down_kernel(FusedMoeArgs a, un
     bool valid[KB];
 #pragma unroll
     for (int sl = 0; sl < KB; ++sl) {
-      const int32_t e = sl < nb ? a.indices[j0 + sl] : 0;
+      // Read through L2 before pdl_wait: the indices come from the kernel before kernel A, which had finished
+      // when kernel A passed its pdl_wait and let this kernel start (kernel A triggers only after its wait).
+      const int32_t e = sl < nb ? __ldcg(a.indices + j0 + sl) : 0;
       valid[sl] = sl < nb && valid_expert(e, a.down.n_stack);
 #pragma unroll
       for (int i = 0; i < RPW; ++i) {
@@ -250,7 +255,8 @@ __global__ void __launch_bounds__(kThreads) fused_down_kernel(FusedMoeArgs a, un
     uint32_t wd[R][BITS];
     float sc[R], bi[R];
     if (live && lane < n_chunks) rows.load(lane, lane / chunks_per_group, wd, sc, bi);
-    if (j0 > 0) __syncthreads();  // every warp is done with the previous slots' act
+    if (j0 == 0 && a.b_prefetch) pdl_enter();  // the first slots' weights are in flight: wait for kernel A's act
+    if (j0 > 0) __syncthreads();               // every warp is done with the previous slots' act
     stage_chunks(a.act + j0 * ffn, nb * ffn, xs);
     __syncthreads();
     if (!live) continue;
@@ -280,7 +286,7 @@ __global__ void __launch_bounds__(kThreads) fused_down_kernel(FusedMoeArgs a, un
   if (live && lane == 0) {
 #pragma unroll
     for (int i = 0; i < RPW; ++i)
-      if (row0 + i < hidden) a.out[row0 + i] = out[i];
+      if (row0 + i < hidden) a.out[row0 + i] = a.residual ? a.residual[row0 + i] + out[i] : out[i];
   }
 }
 
@@ -289,8 +295,7 @@ void launch_kernel(const Ctx& ctx, Kernel kernel, dim3 grid, size_t smem, const 
   if (smem > 48 * 1024) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
-  kernel<<<grid, kThreads, smem, ctx.stream>>>(a, ctx.error_flag);
-  CUDA_CHECK_LAUNCH();
+  launch_k(ctx, kernel, grid, kThreads, smem, a, ctx.error_flag);
 }
 
 size_t staged_bytes(int64_t n_floats) {

@@ -17,12 +17,14 @@ struct FusedMoeArgs {
   const float* weights = nullptr;    // (k,)
   float* act = nullptr;              // (k, ffn) intermediate
   float* out = nullptr;              // (hidden,)
+  const float* residual = nullptr;   // when set: out = residual + the MoE output (residual may be out)
   int k = 0;
   GluAct glu = GluAct::kSiLU;
   // Output rows per warp of kernels A (1, 2 or 4) and B (1 or 2): launch-width knobs; results do not depend on them.
   int rows_per_warp = 2;
   int down_rows_per_warp = 1;  // kernel B: 1 or 2
   int max_slot_batch = 4;      // kernel B: most slots staged and loaded together (8, 4, 2 or 1)
+  bool b_prefetch = true;      // kernel B loads its first weights before waiting for kernel A
 };
 
 // Launches kernels A and B. Preconditions (checked): gate/up bits equal and in {4, 8}; down bits in {4, 6, 8};

@@ -1,5 +1,5 @@
-// Embedding (one block per token, generic bit extraction: not a hot path), elementwise add / clamp, and
-// argmax (one block per row, block reduction with ties to the lower index).
+// Embedding (one block per token, generic bit extraction: not a hot path), elementwise add / clamp, the KV-cache
+// store, and argmax (many blocks per row and a last-block reduction, ties to the lower index).
 #include <algorithm>
 
 #include "backend/cuda/misc.cuh"
@@ -12,6 +12,7 @@ constexpr int kThreads = 256;
 // Preconditions: one block per token; quantized tables have in % group_size == 0 and whole words per row.
 __global__ void __launch_bounds__(kThreads)
     embedding_kernel(WeightView w, const int32_t* ids, float* out, unsigned* err) {
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const int64_t id = ids[t];
   float* o = out + t * w.in;
@@ -40,25 +41,38 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void add_kernel(const float* a, const float* b, int64_t n, float* out) {
+  pdl_enter();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = a[i] + b[i];
 }
 
 __global__ void clamp_kernel(float* x, int64_t n, float limit) {
+  pdl_enter();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float v = x[i];
     x[i] = v < -limit ? -limit : (limit < v ? limit : v);  // std::clamp(v, -limit, limit)
   }
 }
 
-// Preconditions: one block per row; blockDim.x == 1024.
-__global__ void __launch_bounds__(1024) argmax_kernel(const float* logits, int64_t vocab, int32_t* out) {
+// Argmax of each row in two stages in one launch: grid (blocks, n_rows); block b of row r reduces the elements
+// b * 1024 + threadIdx.x + j * gridDim.x * 1024 (increasing, so a strict > keeps the lowest index), writes its
+// (value, index) to the partials, and the block that finishes last reduces every row's partials in block order
+// (ties to the lower index), writes the ids and resets the counter. One block per row would leave the GPU idle.
+constexpr int kArgmaxThreads = 1024;
+constexpr int kArgmaxMaxBlocks = 64;
+
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_kernel(const float* logits, int64_t vocab, float* part_v, int* part_i, unsigned* counter, int32_t* out) {
   __shared__ float red_v[32];
   __shared__ int red_i[32];
-  const float* l = logits + int64_t(blockIdx.x) * vocab;
+  __shared__ bool last;
+  pdl_enter();
+  const int64_t row = blockIdx.y;
+  const float* l = logits + row * vocab;
   float bv = 0.0f;
   int bi = -1;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {  // increasing i: a strict > keeps the lowest index
+  const int64_t stride = int64_t(gridDim.x) * kArgmaxThreads;
+  for (int64_t i = int64_t(blockIdx.x) * kArgmaxThreads + threadIdx.x; i < vocab; i += stride) {
     const float v = l[i];
     if (bi < 0 || v > bv) {
       bv = v;
@@ -66,13 +80,33 @@ __global__ void __launch_bounds__(1024) argmax_kernel(const float* logits, int64
     }
   }
   block_argmax(bv, bi, red_v, red_i);
-  if (threadIdx.x == 0) out[blockIdx.x] = bi < 0 ? 0 : bi;
+  if (threadIdx.x == 0) {
+    part_v[row * gridDim.x + blockIdx.x] = bv;
+    part_i[row * gridDim.x + blockIdx.x] = bi;
+    __threadfence();
+    last = atomicAdd(counter, 1u) == gridDim.x * gridDim.y - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int64_t r = 0; r < gridDim.y; ++r) {
+    float v = 0.0f;
+    int i = -1;
+    if (threadIdx.x < gridDim.x) {
+      v = __ldcg(part_v + r * gridDim.x + threadIdx.x);
+      i = __ldcg(part_i + r * gridDim.x + threadIdx.x);
+    }
+    block_argmax(v, i, red_v, red_i);
+    if (threadIdx.x == 0) out[r] = i < 0 ? 0 : i;
+  }
+  if (threadIdx.x == 0) *counter = 0u;
 }
 
 // Grid-stride copy of n_tokens * width floats of k and v into the caches at row pos0 (or *step_pos).
 __global__ void __launch_bounds__(kThreads)
     kv_store_kernel(const float* k, const float* v, int64_t n_tokens, int64_t width, int64_t pos0,
                     const int64_t* step_pos, int64_t capacity, float* kc, float* vc) {
+  pdl_enter();
   if (step_pos) pos0 = *step_pos;
   const int64_t rows = min(n_tokens, capacity - pos0);
   if (pos0 < 0 || rows <= 0) return;
@@ -98,36 +132,42 @@ void launch_embedding(const Ctx& ctx, const WeightView& table, const int32_t* id
   CUDA_REQUIRE(table.bits == 0 ||
                    (table.group_size > 0 && table.in % table.group_size == 0 && (table.in * table.bits) % 32 == 0),
                "embedding: quantized table rows must be whole groups and words");
-  embedding_kernel<<<unsigned(n_tokens), kThreads, 0, ctx.stream>>>(table, ids, out, ctx.error_flag);
-  CUDA_CHECK_LAUNCH();
+  launch_k(ctx, embedding_kernel, unsigned(n_tokens), kThreads, 0, table, ids, out, ctx.error_flag);
 }
 
 void launch_add(const Ctx& ctx, const float* a, const float* b, int64_t n, float* out) {
   if (n == 0) return;
-  add_kernel<<<elementwise_blocks(ctx, n), kThreads, 0, ctx.stream>>>(a, b, n, out);
-  CUDA_CHECK_LAUNCH();
+  launch_k(ctx, add_kernel, elementwise_blocks(ctx, n), kThreads, 0, a, b, n, out);
 }
 
 void launch_clamp(const Ctx& ctx, float* x, int64_t n, float limit) {
   if (n == 0) return;
-  clamp_kernel<<<elementwise_blocks(ctx, n), kThreads, 0, ctx.stream>>>(x, n, limit);
-  CUDA_CHECK_LAUNCH();
+  launch_k(ctx, clamp_kernel, elementwise_blocks(ctx, n), kThreads, 0, x, n, limit);
 }
 
 void launch_kv_store(const Ctx& ctx, const float* k, const float* v, int64_t n_tokens, int64_t width, int64_t pos0,
                      int64_t capacity, float* k_cache, float* v_cache) {
   if (n_tokens == 0 || width == 0) return;
-  kv_store_kernel<<<elementwise_blocks(ctx, n_tokens * width), kThreads, 0, ctx.stream>>>(
-      k, v, n_tokens, width, pos0, ctx.step_pos, capacity, k_cache, v_cache);
-  CUDA_CHECK_LAUNCH();
+  launch_k(ctx, kv_store_kernel, elementwise_blocks(ctx, n_tokens * width), kThreads, 0, k, v, n_tokens, width, pos0,
+           ctx.step_pos, capacity, k_cache, v_cache);
 }
 
-void launch_argmax(const Ctx& ctx, const float* logits, int64_t n_rows, int64_t vocab, int32_t* out) {
+size_t argmax_scratch_bytes(int64_t n_rows) {
+  return size_t(n_rows) * kArgmaxMaxBlocks * (sizeof(float) + sizeof(int));
+}
+
+void launch_argmax(const Ctx& ctx, const float* logits, int64_t n_rows, int64_t vocab, int32_t* out, void* scratch) {
   if (n_rows == 0) return;
   CUDA_REQUIRE(vocab >= 1 && vocab < (int64_t(1) << 31), "argmax: vocab must be in [1, 2^31)");
-  CUDA_REQUIRE(n_rows < (int64_t(1) << 31), "argmax: too many rows");
-  argmax_kernel<<<unsigned(n_rows), 1024, 0, ctx.stream>>>(logits, vocab, out);
-  CUDA_CHECK_LAUNCH();
+  const int64_t blocks = std::min<int64_t>(kArgmaxMaxBlocks, (vocab + kArgmaxThreads - 1) / kArgmaxThreads);
+  float* part_v = static_cast<float*>(scratch);
+  int* part_i = reinterpret_cast<int*>(part_v + n_rows * kArgmaxMaxBlocks);
+  constexpr int64_t kMaxGridY = 65535;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kMaxGridY) {
+    const int64_t rows = std::min(kMaxGridY, n_rows - r0);
+    launch_k(ctx, argmax_kernel, dim3(unsigned(blocks), unsigned(rows)), kArgmaxThreads, 0, logits + r0 * vocab, vocab,
+             part_v, part_i, ctx.block_counter, out + r0);
+  }
 }
 
 }  // namespace moecel::cuda

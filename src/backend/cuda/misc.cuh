@@ -25,6 +25,8 @@ void launch_kv_store(const Ctx& ctx, const float* k, const float* v, int64_t n_t
                      int64_t capacity, float* k_cache, float* v_cache);
 
 // logits (n_rows, vocab) -> out (n_rows,) device I32: the index of each row's maximum, the lowest on ties.
-void launch_argmax(const Ctx& ctx, const float* logits, int64_t n_rows, int64_t vocab, int32_t* out);
+// `scratch` holds argmax_scratch_bytes(n_rows) bytes of device memory; uses ctx.block_counter.
+size_t argmax_scratch_bytes(int64_t n_rows);
+void launch_argmax(const Ctx& ctx, const float* logits, int64_t n_rows, int64_t vocab, int32_t* out, void* scratch);
 
 }  // namespace moecel::cuda

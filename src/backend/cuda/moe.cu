@@ -81,100 +81,18 @@ __global__ void router_topk_kernel(const float* logits, int n_experts, int k, bo
   }
 }
 
-// The same selection by one warp per token for up to kWarpExperts experts: scores live in registers (lane l
-// holds experts l, l + 32, ...), reductions are shuffles, no barriers (the router is on every decode step's
-// critical path). Preconditions: blockDim.x == 32 * tokens per block; 1 <= k <= min(n_experts, kMaxTopK).
-constexpr int kWarpExperts = 256;
-constexpr int kPerLane = kWarpExperts / 32;
+constexpr int kTokensPerBlock = 4;
 
+// The same selection by one warp per token (warp_router_topk, moe.cuh). Preconditions: blockDim.x == 32 * tokens
+// per block; n_experts <= kWarpRouterExperts; 1 <= k <= min(n_experts, 32).
 __global__ void router_topk_warp_kernel(const float* logits, int64_t n_tokens, int n_experts, int k, bool topk_softmax,
                                         bool renormalize, int32_t* indices, float* weights) {
+  pdl_enter();
+  __shared__ float ws[kTokensPerBlock][kWarpRouterExperts];
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= n_tokens) return;
-  const int lane = threadIdx.x & 31;
-  const float* l = logits + t * n_experts;
-  float sc[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + 32 * i;
-    sc[i] = e < n_experts ? l[e] : -INFINITY;
-  }
-  if (!topk_softmax) {  // softmax over all experts in f32
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) mx = fmaxf(mx, sc[i]);
-    mx = warp_max(mx);
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane + 32 * i;
-      sc[i] = e < n_experts ? expf(sc[i] - mx) : 0.0f;
-      sum += sc[i];
-    }
-    sum = warp_sum(sum);
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) sc[i] /= sum;
-  }
-  unsigned taken = 0;  // bit i: expert lane + 32 * i already selected
-  float sel_w = 0.0f;  // lane j < k keeps the j-th selection
-  int sel_i = -1;
-  for (int j = 0; j < k; ++j) {
-    float bv = 0.0f;
-    int bi = -1;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane + 32 * i;
-      if (e < n_experts && !(taken >> i & 1u) && !isnan(sc[i]) && arg_better(sc[i], e, bv, bi)) {
-        bv = sc[i];
-        bi = e;
-      }
-    }
-    warp_argmax(bv, bi);
-    if (bi < 0) {  // only NaN scores left: the lowest free index, as the block kernel does
-      int lowest = 0x7fffffff;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int e = lane + 32 * i;
-        if (e < n_experts && !(taken >> i & 1u)) lowest = min(lowest, e);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) lowest = min(lowest, __shfl_xor_sync(0xffffffffu, lowest, o));
-      bi = lowest;
-      bv = __shfl_sync(0xffffffffu, sc[0], 0);  // placeholder, replaced below by the owner's value
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i)
-        if (lane + 32 * i == bi) bv = sc[i];
-      bv = __shfl_sync(0xffffffffu, bv, bi & 31);
-    }
-    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-    if (lane == j) {
-      sel_w = bv;
-      sel_i = bi;
-    }
-  }
-  // k <= 32 here: lane j holds selection j. Post-processing in the CPU backend's order, by lane 0.
-  __shared__ float ws[32][kMaxTopK];
-  float* w = ws[threadIdx.x >> 5];
-  if (lane < k) w[lane] = sel_w;
-  __syncwarp();
-  if (lane == 0) {
-    if (topk_softmax) {
-      const float mx = w[0];
-      float sum = 0.0f;
-      for (int j = 0; j < k; ++j) sum += (w[j] = expf(w[j] - mx));
-      for (int j = 0; j < k; ++j) w[j] /= sum;
-    }
-    if (renormalize) {
-      float sum = 0.0f;
-      for (int j = 0; j < k; ++j) sum += w[j];
-      for (int j = 0; j < k; ++j) w[j] /= sum;
-    }
-  }
-  __syncwarp();
-  if (lane < k) {
-    indices[t * k + lane] = sel_i;
-    weights[t * k + lane] = w[lane];
-  }
+  warp_router_topk(logits + t * n_experts, n_experts, k, topk_softmax, renormalize, indices + t * k, weights + t * k,
+                   ws[threadIdx.x >> 5]);
 }
 
 // Preconditions: grid-stride over n_tokens * hidden elements.
@@ -209,12 +127,10 @@ void launch_router_topk(const Ctx& ctx, const float* logits, int64_t n_tokens, i
   CUDA_REQUIRE(n_experts >= 1 && n_experts <= kMaxRouterExperts, "router_topk: n_experts must be in [1, 8192]");
   CUDA_REQUIRE(k >= 1 && k <= n_experts && k <= kMaxTopK, "router_topk: k must be in [1, min(n_experts, 64)]");
   CUDA_REQUIRE(n_tokens < (int64_t(1) << 31), "router_topk: too many tokens");
-  if (n_experts <= kWarpExperts && k <= 32) {
-    constexpr int kTokensPerBlock = 4;
+  if (n_experts <= kWarpRouterExperts && k <= 32) {
     const unsigned blocks = unsigned((n_tokens + kTokensPerBlock - 1) / kTokensPerBlock);
-    router_topk_warp_kernel<<<blocks, 32 * kTokensPerBlock, 0, ctx.stream>>>(
-        logits, n_tokens, n_experts, k, topk_softmax, renormalize, indices, weights);
-    CUDA_CHECK_LAUNCH();
+    launch_k(ctx, router_topk_warp_kernel, blocks, 32 * kTokensPerBlock, 0, logits, n_tokens, n_experts, k,
+             topk_softmax, renormalize, indices, weights);
     return;
   }
   const int threads = std::min(1024, (n_experts + 31) / 32 * 32);

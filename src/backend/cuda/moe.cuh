@@ -9,6 +9,7 @@ namespace moecel::cuda {
 
 constexpr int kMaxTopK = 64;
 constexpr int kMaxRouterExperts = 8192;
+constexpr int kWarpRouterExperts = 256;  // the one-warp top-k (warp_router_topk) takes up to this many
 
 // logits (n_tokens, n_experts) -> indices (n_tokens, k), weights (n_tokens, k). topk_softmax: softmax over the
 // k selected logits only (else softmax over all experts first, then top-k of the probabilities); renormalize:
@@ -25,6 +26,89 @@ enum class GluAct : int { kSiLU = 0, kGeLU = 1, kReLU2 = 2 };
 void launch_glu(const Ctx& ctx, GluAct act, const float* gate, const float* up, int64_t n, float* out);
 
 #ifdef __CUDACC__
+// Router top-k of one token by one warp, for up to kWarpRouterExperts experts and k <= 32 (launch_router_topk's
+// semantics). Each lane ranks its own experts against all others (the order: larger score first, the lower index
+// on a tie, NaN after every number), so there are no k sequential rounds of reductions on the step's critical path.
+// `l` (n_experts,) is read through L2 (__ldcg), so the last block of the kernel that wrote it may call this.
+// Writes idx[0..k) and w[0..k); `ws` is kWarpRouterExperts floats of this warp's shared memory.
+__device__ __forceinline__ void warp_router_topk(const float* l, int n_experts, int k, bool topk_softmax,
+                                                 bool renormalize, int32_t* idx, float* w, float* ws) {
+  constexpr int kPerLane = kWarpRouterExperts / 32;
+  const int lane = threadIdx.x & 31;
+  float sc[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    sc[i] = e < n_experts ? __ldcg(l + e) : -INFINITY;
+  }
+  if (!topk_softmax) {  // softmax over all experts in f32
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) mx = fmaxf(mx, sc[i]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + 32 * i;
+      sc[i] = e < n_experts ? expf(sc[i] - mx) : 0.0f;
+      sum += sc[i];
+    }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) sc[i] /= sum;
+  }
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    if (e < n_experts) ws[e] = sc[i];
+  }
+  __syncwarp();
+  int rank[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) rank[i] = kMaxTopK;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    if (32 * i >= n_experts) break;  // uniform over the warp
+    const int e = lane + 32 * i;
+    const float v = sc[i];
+    const bool v_nan = isnan(v);
+    int r = 0;
+#pragma unroll 8
+    for (int e2 = 0; e2 < n_experts; ++e2) {  // unrolled: the shared-memory reads are issued back to back
+      const float u = ws[e2];                 // the same address for every lane: a broadcast
+      const bool u_nan = isnan(u);
+      r += v_nan ? (!u_nan || e2 < e) : (!u_nan && (u > v || (u == v && e2 < e)));
+    }
+    if (e < n_experts) rank[i] = r;
+  }
+  __syncwarp();  // every lane has read the scores; ws now holds the selected weights by rank
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i)
+    if (rank[i] < k) ws[rank[i]] = sc[i];
+  __syncwarp();
+  if (lane == 0) {  // k <= 32 values: sequential, in the CPU backend's order
+    if (topk_softmax) {
+      const float mx = ws[0];
+      float sum = 0.0f;
+      for (int j = 0; j < k; ++j) sum += (ws[j] = expf(ws[j] - mx));
+      for (int j = 0; j < k; ++j) ws[j] /= sum;
+    }
+    if (renormalize) {
+      float sum = 0.0f;
+      for (int j = 0; j < k; ++j) sum += ws[j];
+      for (int j = 0; j < k; ++j) ws[j] /= sum;
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    if (rank[i] < k) {
+      idx[rank[i]] = lane + 32 * i;
+      w[rank[i]] = ws[rank[i]];
+    }
+  }
+}
+
 // act(g) * u, the one definition the gather path's glu kernel and the fused path both use.
 template <GluAct kAct>
 __device__ __forceinline__ float glu_value(float g, float u) {

@@ -15,6 +15,7 @@ constexpr int kRowThreads = 1024;
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const float* x, const void* weight, FloatType wtype, int64_t d, float eps, float* y) {
   __shared__ float red[32];
+  pdl_enter();
   const float* xr = x + int64_t(blockIdx.x) * d;
   float* yr = y + int64_t(blockIdx.x) * d;
   float ss = 0.0f;
@@ -27,6 +28,7 @@ __global__ void __launch_bounds__(kThreads)
 // Preconditions: one block per token; half <= kMaxRopeHalf; 2 * half <= head_dim.
 __global__ void __launch_bounds__(kThreads)
     rope_kernel(float* x, int64_t pos0, const int64_t* step_pos, int n_heads, int head_dim, int half, RopeFreqs freqs) {
+  pdl_enter();
   if (step_pos) pos0 = *step_pos;
   const int64_t t = blockIdx.x;
   float* xt = x + t * int64_t(n_heads) * head_dim;
@@ -49,6 +51,7 @@ __global__ void __launch_bounds__(kRowThreads)
     add_rms_norm_kernel(const float* a, const float* b, float* sum, const void* weight, FloatType wtype, int64_t d,
                         float eps, float* y) {
   __shared__ float red[32];
+  pdl_enter();
   const int64_t off = int64_t(blockIdx.x) * d;
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < d; i += kRowThreads) {
@@ -90,6 +93,7 @@ __global__ void __launch_bounds__(kRowThreads)
                               int head_dim, int half, RopeFreqs freqs, int64_t pos0, const int64_t* step_pos,
                               int64_t capacity, float* kc, float* vc) {
   __shared__ float red[32];
+  pdl_enter();
   if (step_pos) pos0 = *step_pos;
   const int64_t t = blockIdx.x;
   const int64_t q_width = int64_t(n_heads) * head_dim, kv_width = int64_t(n_kv_heads) * head_dim;
@@ -116,8 +120,7 @@ void launch_add_rms_norm(const Ctx& ctx, const float* a, const float* b, float* 
                          FloatType wtype, int64_t n_rows, int64_t d, float eps, float* y) {
   if (n_rows == 0 || d == 0) return;
   CUDA_REQUIRE(n_rows < (int64_t(1) << 31), "add_rms_norm: too many rows");
-  add_rms_norm_kernel<<<unsigned(n_rows), kRowThreads, 0, ctx.stream>>>(a, b, sum, weight, wtype, d, eps, y);
-  CUDA_CHECK_LAUNCH();
+  launch_k(ctx, add_rms_norm_kernel, unsigned(n_rows), kRowThreads, 0, a, b, sum, weight, wtype, d, eps, y);
 }
 
 void launch_qk_norm_rope_store(const Ctx& ctx, float* q, float* k, const float* v, const void* q_norm,
@@ -128,18 +131,15 @@ void launch_qk_norm_rope_store(const Ctx& ctx, float* q, float* k, const float* 
   CUDA_REQUIRE(half > 0 && half <= kMaxRopeHalf && 2 * half <= head_dim, "qk_norm_rope_store: bad rotary dims");
   CUDA_REQUIRE(n_tokens <= 65535, "qk_norm_rope_store: too many tokens");
   const dim3 grid{unsigned(n_tokens), 2u};
-  qk_norm_rope_store_kernel<<<grid, kRowThreads, 0, ctx.stream>>>(q, k, v, q_norm, q_wtype, k_norm, k_wtype, eps,
-                                                                  n_heads, n_kv_heads, head_dim, half, freqs, pos0,
-                                                                  ctx.step_pos, capacity, k_cache, v_cache);
-  CUDA_CHECK_LAUNCH();
+  launch_k(ctx, qk_norm_rope_store_kernel, grid, kRowThreads, 0, q, k, v, q_norm, q_wtype, k_norm, k_wtype, eps,
+           n_heads, n_kv_heads, head_dim, half, freqs, pos0, ctx.step_pos, capacity, k_cache, v_cache);
 }
 
 void launch_rms_norm(const Ctx& ctx, const float* x, const void* weight, FloatType wtype, int64_t n_rows, int64_t d,
                      float eps, float* y) {
   if (n_rows == 0 || d == 0) return;
   CUDA_REQUIRE(n_rows < (int64_t(1) << 31), "rms_norm: too many rows");
-  rms_norm_kernel<<<unsigned(n_rows), kThreads, 0, ctx.stream>>>(x, weight, wtype, d, eps, y);
-  CUDA_CHECK_LAUNCH();
+  launch_k(ctx, rms_norm_kernel, unsigned(n_rows), kThreads, 0, x, weight, wtype, d, eps, y);
 }
 
 void launch_rope(const Ctx& ctx, float* x, int64_t n_tokens, int64_t pos0, int n_heads, int head_dim, int half,
@@ -147,8 +147,7 @@ void launch_rope(const Ctx& ctx, float* x, int64_t n_tokens, int64_t pos0, int n
   if (n_tokens == 0 || half == 0 || n_heads == 0) return;
   CUDA_REQUIRE(half > 0 && half <= kMaxRopeHalf && 2 * half <= head_dim, "rope: bad rotary dims");
   CUDA_REQUIRE(n_tokens < (int64_t(1) << 31), "rope: too many tokens");
-  rope_kernel<<<unsigned(n_tokens), kThreads, 0, ctx.stream>>>(x, pos0, ctx.step_pos, n_heads, head_dim, half, freqs);
-  CUDA_CHECK_LAUNCH();
+  launch_k(ctx, rope_kernel, unsigned(n_tokens), kThreads, 0, x, pos0, ctx.step_pos, n_heads, head_dim, half, freqs);
 }
 
 }  // namespace moecel::cuda

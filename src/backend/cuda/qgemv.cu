@@ -5,6 +5,7 @@
 // Used by: launch_linear and launch_gather_linear (qmatmul.cu).
 #include <cstdint>
 
+#include "backend/cuda/moe.cuh"
 #include "backend/cuda/qdot.cuh"
 #include "backend/cuda/qmatmul.cuh"
 
@@ -15,89 +16,217 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 
 struct GemvArgs {
-  WeightView w;
+  WeightView w[kMaxGemvParts];  // part i: blocks [part_end[i - 1], part_end[i]) of grid.x, writing y[i]
+  float* y[kMaxGemvParts];
+  unsigned part_end[kMaxGemvParts];
+  int n_parts = 1;
   const float* x;
-  float* y;
   PairMap map;
   unsigned* err;
+  GemvFusion f;  // the decode fusions (qmatmul.cuh); all off for a plain product
 };
+
+// Part of the launch this block works on, without indexing the parameter arrays dynamically (which would copy
+// them to local memory).
+struct Part {
+  WeightView w;
+  float* y;
+  int64_t block;  // block index within the part
+};
+
+__device__ __forceinline__ Part block_part(const GemvArgs& a) {
+  const unsigned bx = blockIdx.x;
+  if (a.n_parts > 1 && bx >= a.part_end[0]) {
+    if (a.n_parts > 2 && bx >= a.part_end[1]) return {a.w[2], a.y[2], int64_t(bx - a.part_end[1])};
+    return {a.w[1], a.y[1], int64_t(bx - a.part_end[0])};
+  }
+  return {a.w[0], a.y[0], int64_t(bx)};
+}
 
 // Resolves pair p to its expert; an out-of-range index fills this block's rows of y with NaN and raises the
 // error flag. Returns -1 then (uniform over the block, so the caller may return before any barrier).
-__device__ __forceinline__ int64_t pair_expert(const GemvArgs& a, int64_t p) {
+__device__ __forceinline__ int64_t pair_expert(const GemvArgs& a, const Part& pt, int64_t p, int rpw) {
   if (!a.map.indices) return 0;
   const int64_t e = a.map.indices[p];
-  if (e >= 0 && e < a.w.n_stack) return e;
+  if (e >= 0 && e < pt.w.n_stack) return e;
   if (threadIdx.x == 0) raise_device_error(a.err, kErrExpertIndex);
-  const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if ((threadIdx.x & 31) == 0 && row < a.w.out) a.y[p * a.w.out + row] = __int_as_float(0x7fc00000);
+  const int64_t row0 = (pt.block * kWarps + (threadIdx.x >> 5)) * rpw;
+  if ((threadIdx.x & 31) == 0) {
+    for (int64_t row = row0; row < row0 + rpw && row < pt.w.out; ++row)
+      pt.y[p * pt.w.out + row] = __int_as_float(0x7fc00000);
+  }
   return -1;
 }
 
-__device__ __forceinline__ const float* pair_x(const GemvArgs& a, int64_t p) {
-  return a.x + (a.map.x_per_slot ? p : p / a.map.k) * a.w.in;
+__device__ __forceinline__ const float* pair_x(const GemvArgs& a, int64_t in, int64_t p) {
+  return a.x + (a.map.x_per_slot ? p : p / a.map.k) * in;
+}
+
+// Norm weights of this thread's elements i = threadIdx.x + j * kThreads (j < kNormRegs), loaded before pdl_wait:
+// they are weights, and a loop of dependent global loads after the wait would sit on the step's critical path.
+constexpr int kNormRegs = 8;  // all of a 2048-wide row; wider rows load the rest after the wait
+
+__device__ __forceinline__ void load_norm(const GemvArgs& a, int64_t in, float (&nw)[kNormRegs]) {
+#pragma unroll
+  for (int j = 0; j < kNormRegs; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kThreads;
+    nw[j] = a.f.norm_w && i < in ? load_float(a.f.norm_w, a.f.norm_type, i) : 0.0f;
+  }
+}
+
+// The staged x (padded chunk layout) becomes rms_norm(x) * weight, exactly as rms_norm_kernel computes it (the same
+// thread count and order of the sum of squares); block 0 of each pair also writes it to xn_out. Ends with a barrier.
+__device__ void normalize_staged(const GemvArgs& a, int64_t in, int64_t p, float* xs, const float (&nw)[kNormRegs]) {
+  __shared__ float red[32];
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < in; i += kThreads) {
+    const float v = xs[(i / kChunk) * kChunkPad + i % kChunk];
+    ss = fmaf(v, v, ss);
+  }
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / float(in) + a.f.eps);
+  float* xn = a.f.xn_out && blockIdx.x == 0 ? a.f.xn_out + p * in : nullptr;
+#pragma unroll
+  for (int j = 0; j < kNormRegs; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kThreads;
+    if (i < in) {
+      float& v = xs[(i / kChunk) * kChunkPad + i % kChunk];
+      v = v * inv * nw[j];
+      if (xn) xn[i] = v;
+    }
+  }
+  for (int64_t i = threadIdx.x + int64_t(kNormRegs) * kThreads; i < in; i += kThreads) {
+    float& v = xs[(i / kChunk) * kChunkPad + i % kChunk];
+    v = v * inv * load_float(a.f.norm_w, a.f.norm_type, i);
+    if (xn) xn[i] = v;
+  }
+  __syncthreads();
+}
+
+// Router epilogue: the block that finishes last runs the top-k of every token's logits (y of part 0), one warp per
+// token, then resets the counter for the next launch.
+__device__ void router_epilogue(const GemvArgs& a) {
+  __shared__ bool last;
+  __shared__ float ws[kWarps][kWarpRouterExperts];
+  __syncthreads();  // every warp of this block has written its logits
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned total = gridDim.x * gridDim.y;
+    last = atomicAdd(a.f.counter, 1u) == total - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int warp = threadIdx.x >> 5;
+  const RouterEpilogue& r = a.f.router;
+  for (int64_t t = warp; t < gridDim.y; t += kWarps) {
+    warp_router_topk(a.y[0] + t * a.w[0].out, int(a.w[0].out), r.k, r.topk_softmax, r.renormalize, r.indices + t * r.k,
+                     r.weights + t * r.k, ws[warp]);
+  }
+  if (threadIdx.x == 0) *a.f.counter = 0u;
 }
 
 // Preconditions (checked by launch_gemv): blockDim.x == kThreads; w.in % 32 == 0; w.group_size % 32 == 0;
-// w.w 16-byte aligned; dynamic shared memory (in / 32) * kChunkPad floats.
-template <int BITS, typename ST>
+// w.w 16-byte aligned; dynamic shared memory (in / 32) * kChunkPad floats; every part has the same in.
+// Each warp computes RPW consecutive rows: every x chunk read from shared memory serves RPW rows (one row per warp
+// needs 8 bytes of shared-memory reads per byte of 4-bit weights, more than shared memory delivers at DRAM speed).
+template <int BITS, typename ST, int RPW>
 __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
   const int64_t p = blockIdx.y;
-  const int64_t expert = pair_expert(a, p);
+  if (a.map.indices) pdl_wait();  // the indices come from an earlier kernel
+  const Part pt = block_part(a);
+  const int64_t expert = pair_expert(a, pt, p, RPW);
   if (expert < 0) return;
-  const int64_t in = a.w.in, out = a.w.out, n_chunks = in / kChunk;
+  const int64_t in = pt.w.in, out = pt.w.out, n_chunks = in / kChunk;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
-  const bool live = row < out;
-  const int64_t r = expert * out + (live ? row : 0);  // row of the flattened (n_stack * out, ...) weight
-  const int64_t groups = in / a.w.group_size;
-  const int chunks_per_group = a.w.group_size / kChunk;
-  const uint32_t* wrow = static_cast<const uint32_t*>(a.w.w) + r * n_chunks * BITS;
-  const ST* srow = static_cast<const ST*>(a.w.scales) + r * groups;
-  const ST* brow = a.w.biases ? static_cast<const ST*>(a.w.biases) + r * groups : nullptr;
-  // The lane's first kPrefetch chunks (words, scale, bias) are loaded before x is staged, so their latency
-  // overlaps the staging; they are consumed first, in the same order as the loop below (same sums).
+  const int64_t row0 = (pt.block * kWarps + warp) * RPW;
+  const bool live = row0 < out;
+  const int64_t groups = in / pt.w.group_size;
+  const int chunks_per_group = pt.w.group_size / kChunk;
+  const uint32_t* wrow[RPW];
+  const ST* srow[RPW];
+  const ST* brow[RPW];
+#pragma unroll
+  for (int i = 0; i < RPW; ++i) {
+    const int64_t r = expert * out + (row0 + i < out ? row0 + i : 0);  // a clamped row's result is dropped
+    wrow[i] = static_cast<const uint32_t*>(pt.w.w) + r * n_chunks * BITS;
+    srow[i] = static_cast<const ST*>(pt.w.scales) + r * groups;
+    brow[i] = pt.w.biases ? static_cast<const ST*>(pt.w.biases) + r * groups : nullptr;
+  }
+  // The lane's first kPrefetch chunks (words, scale, bias) of each row are loaded before waiting for the previous
+  // kernel and staging x, so their latency overlaps both; they are consumed first, in the loop's order (same sums).
   constexpr int kPrefetch = 2;
-  uint32_t pw[kPrefetch][BITS];
-  float ps[kPrefetch], pb[kPrefetch];
+  uint32_t pw[kPrefetch][RPW][BITS];
+  float ps[kPrefetch][RPW], pb[kPrefetch][RPW];
 #pragma unroll
   for (int k = 0; k < kPrefetch; ++k) {
     const int64_t c = lane + 32 * k;
     if (live && c < n_chunks) {
-      load_chunk<BITS>(wrow + c * BITS, pw[k]);
       const int64_t g = c / chunks_per_group;
-      ps[k] = to_f32(srow[g]);
-      pb[k] = brow ? to_f32(brow[g]) : 0.0f;
-    }
-  }
-  stage_chunks(pair_x(a, p), in, xs);
-  __syncthreads();
-  if (!live) return;
-
-  float acc = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kPrefetch; ++k) {
-    const int64_t c = lane + 32 * k;
-    if (c < n_chunks) {
-      float xsum;
-      const float qx = chunk_dot<BITS>(pw[k], xs + c * kChunkPad, xsum);
-      acc = chunk_fma(ps[k], pb[k], qx, xsum, acc);
+      for (int i = 0; i < RPW; ++i) {
+        load_chunk<BITS>(wrow[i] + c * BITS, pw[k][i]);
+        ps[k][i] = to_f32(srow[i][g]);
+        pb[k][i] = brow[i] ? to_f32(brow[i][g]) : 0.0f;
+      }
     }
   }
-  for (int64_t c = lane + 32 * kPrefetch; c < n_chunks; c += 32) {
-    uint32_t wd[BITS];
-    load_chunk<BITS>(wrow + c * BITS, wd);
-    const int64_t g = c / chunks_per_group;
-    const float s = to_f32(srow[g]);
-    const float b = brow ? to_f32(brow[g]) : 0.0f;
-    float xsum;
-    const float qx = chunk_dot<BITS>(wd, xs + c * kChunkPad, xsum);
-    acc = chunk_fma(s, b, qx, xsum, acc);
+  float nw[kNormRegs];
+  load_norm(a, in, nw);
+  pdl_enter();
+  stage_chunks(pair_x(a, in, p), in, xs);
+  __syncthreads();
+  if (a.f.norm_w) normalize_staged(a, in, p, xs, nw);
+
+  if (live) {
+    float acc[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) acc[i] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPrefetch; ++k) {
+      const int64_t c = lane + 32 * k;
+      if (c < n_chunks) {
+#pragma unroll
+        for (int i = 0; i < RPW; ++i) {
+          float xsum;
+          const float qx = chunk_dot<BITS>(pw[k][i], xs + c * kChunkPad, xsum);
+          acc[i] = chunk_fma(ps[k][i], pb[k][i], qx, xsum, acc[i]);
+        }
+      }
+    }
+    for (int64_t c = lane + 32 * kPrefetch; c < n_chunks; c += 32) {
+      const int64_t g = c / chunks_per_group;
+      uint32_t wd[RPW][BITS];
+      float sc[RPW], bi[RPW];
+#pragma unroll
+      for (int i = 0; i < RPW; ++i) {
+        load_chunk<BITS>(wrow[i] + c * BITS, wd[i]);
+        sc[i] = to_f32(srow[i][g]);
+        bi[i] = brow[i] ? to_f32(brow[i][g]) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < RPW; ++i) {
+        float xsum;
+        const float qx = chunk_dot<BITS>(wd[i], xs + c * kChunkPad, xsum);
+        acc[i] = chunk_fma(sc[i], bi[i], qx, xsum, acc[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) acc[i] = warp_sum(acc[i]);
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < RPW; ++i) {
+        const int64_t row = row0 + i;
+        if (row < out) {
+          float* y = pt.y + p * out + row;
+          *y = a.f.residual ? a.f.residual[p * out + row] + acc[i] : acc[i];  // residual may be y: read first
+        }
+      }
+    }
   }
-  acc = warp_sum(acc);
-  if (lane == 0) a.y[p * out + row] = acc;
+  if (a.f.router.k > 0) router_epilogue(a);
 }
 
 // Dense weights. Preconditions: blockDim.x == kThreads; dynamic shared memory `in` floats (16-byte aligned);
@@ -106,18 +235,20 @@ template <typename WT>
 __global__ void __launch_bounds__(kThreads) dense_gemv_kernel(GemvArgs a, bool vec) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
+  pdl_enter();
   const int64_t p = blockIdx.y;
-  const int64_t expert = pair_expert(a, p);
+  const Part pt = block_part(a);
+  const int64_t expert = pair_expert(a, pt, p, 1);
   if (expert < 0) return;
-  const int64_t in = a.w.in, out = a.w.out;
-  const float* x = pair_x(a, p);
+  const int64_t in = pt.w.in, out = pt.w.out;
+  const float* x = pair_x(a, in, p);
   for (int64_t i = threadIdx.x; i < in; i += kThreads) xs[i] = x[i];
   __syncthreads();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
+  const int64_t row = pt.block * kWarps + warp;
   if (row >= out) return;
-  const WT* wrow = static_cast<const WT*>(a.w.w) + (expert * out + row) * in;
+  const WT* wrow = static_cast<const WT*>(pt.w.w) + (expert * out + row) * in;
   float acc = 0.0f;
   if (vec) {
     constexpr int kV = 16 / int(sizeof(WT));  // values per 16-byte load: 4 (F32) or 8 (F16/BF16)
@@ -138,7 +269,7 @@ __global__ void __launch_bounds__(kThreads) dense_gemv_kernel(GemvArgs a, bool v
     for (int64_t i = lane; i < in; i += 32) acc = fmaf(to_f32(wrow[i]), xs[i], acc);
   }
   acc = warp_sum(acc);
-  if (lane == 0) a.y[p * out + row] = acc;
+  if (lane == 0) pt.y[p * out + row] = acc;
 }
 
 template <class Kernel, class... Args>
@@ -146,53 +277,123 @@ void launch(const Ctx& ctx, Kernel kernel, dim3 grid, size_t smem, const Args&..
   if (smem > 48 * 1024) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
-  kernel<<<grid, kThreads, smem, ctx.stream>>>(args...);
-  CUDA_CHECK_LAUNCH();
+  launch_k(ctx, kernel, grid, kThreads, smem, args...);
 }
 
-template <int BITS>
+template <int BITS, int RPW>
 void launch_quant(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a) {
-  switch (a.w.stype) {
-    case FloatType::kF32: launch(ctx, qgemv_kernel<BITS, float>, grid, smem, a); break;
-    case FloatType::kF16: launch(ctx, qgemv_kernel<BITS, __half>, grid, smem, a); break;
-    case FloatType::kBF16: launch(ctx, qgemv_kernel<BITS, __nv_bfloat16>, grid, smem, a); break;
+  switch (a.w[0].stype) {
+    case FloatType::kF32: launch(ctx, qgemv_kernel<BITS, float, RPW>, grid, smem, a); break;
+    case FloatType::kF16: launch(ctx, qgemv_kernel<BITS, __half, RPW>, grid, smem, a); break;
+    case FloatType::kBF16: launch(ctx, qgemv_kernel<BITS, __nv_bfloat16, RPW>, grid, smem, a); break;
   }
 }
 
-}  // namespace
+// Rows per warp: several for the large products of 4- and 8-bit weights (MOECEL_CUDA_GEMV_ROWS forces 1, 2 or 4;
+// results do not depend on it: each row's sum is the same).
+int rows_per_warp(const Ctx& ctx, const GemvArgs& a, int64_t n_pairs) {
+  const int bits = a.w[0].bits;
+  if (bits != 4 && bits != 8) return 1;
+  if (ctx.gemv_rows > 0) return ctx.gemv_rows;
+  int64_t rows = 0;
+  for (int i = 0; i < a.n_parts; ++i) rows += a.w[i].out;
+  const int64_t work = rows * n_pairs;
+  return work >= 16384 ? 4 : work >= 4096 ? 2 : 1;
+}
 
-bool launch_gemv(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs, float* y) {
-  if (n_pairs == 0 || w.out == 0) return true;
+template <int BITS>
+void launch_quant_rows(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a, int rpw) {
+  if constexpr (BITS == 4 || BITS == 8) {
+    if (rpw == 2) return launch_quant<BITS, 2>(ctx, grid, smem, a);
+    if (rpw == 4) return launch_quant<BITS, 4>(ctx, grid, smem, a);
+  }
+  launch_quant<BITS, 1>(ctx, grid, smem, a);
+}
+
+bool launch_gemv_args(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
+  const WeightView& w = a.w[0];
   CUDA_REQUIRE(w.in > 0 && n_pairs > 0 && n_pairs <= 65535, "gemv: bad in / pair count");
   const bool quant = w.bits != 0;
   const size_t smem = quant ? size_t(w.in / kChunk) * kChunkPad * sizeof(float) : size_t(w.in) * sizeof(float);
   if (smem > size_t(ctx.max_smem_optin)) return false;  // x does not fit: the tiled kernel takes it
-  const dim3 grid{unsigned((w.out + kWarps - 1) / kWarps), unsigned(n_pairs)};
-  CUDA_REQUIRE((w.out + kWarps - 1) / kWarps < (int64_t(1) << 31), "gemv: too many output rows");
-  const GemvArgs a{w, x, y, map, ctx.error_flag};
+  const int rpw = quant ? rows_per_warp(ctx, a, n_pairs) : 1;
+  int64_t blocks = 0;
+  for (int i = 0; i < a.n_parts; ++i) {
+    CUDA_REQUIRE(a.w[i].in == w.in && a.w[i].bits == w.bits && a.w[i].stype == w.stype && a.w[i].wtype == w.wtype,
+                 "gemv: the parts of one launch must share in, bits and types");
+    blocks += (a.w[i].out + kWarps * rpw - 1) / (kWarps * rpw);
+    CUDA_REQUIRE(blocks < (int64_t(1) << 31), "gemv: too many output rows");
+    a.part_end[i] = unsigned(blocks);
+  }
+  if (blocks == 0) return true;
+  const dim3 grid{unsigned(blocks), unsigned(n_pairs)};
   if (quant) {
     CUDA_REQUIRE(w.in % kChunk == 0 && w.group_size % kChunk == 0 && w.group_size > 0,
                  "gemv: quantized rows need in and group_size multiples of 32");
-    CUDA_REQUIRE(reinterpret_cast<uintptr_t>(w.w) % 16 == 0, "gemv: packed weight not 16-byte aligned");
+    for (int i = 0; i < a.n_parts; ++i) {
+      CUDA_REQUIRE(reinterpret_cast<uintptr_t>(a.w[i].w) % 16 == 0, "gemv: packed weight not 16-byte aligned");
+      CUDA_REQUIRE(a.w[i].group_size == w.group_size, "gemv: the parts of one launch must share the group size");
+    }
     switch (w.bits) {
-      case 2: launch_quant<2>(ctx, grid, smem, a); break;
-      case 3: launch_quant<3>(ctx, grid, smem, a); break;
-      case 4: launch_quant<4>(ctx, grid, smem, a); break;
-      case 5: launch_quant<5>(ctx, grid, smem, a); break;
-      case 6: launch_quant<6>(ctx, grid, smem, a); break;
-      case 8: launch_quant<8>(ctx, grid, smem, a); break;
+      case 2: launch_quant_rows<2>(ctx, grid, smem, a, rpw); break;
+      case 3: launch_quant_rows<3>(ctx, grid, smem, a, rpw); break;
+      case 4: launch_quant_rows<4>(ctx, grid, smem, a, rpw); break;
+      case 5: launch_quant_rows<5>(ctx, grid, smem, a, rpw); break;
+      case 6: launch_quant_rows<6>(ctx, grid, smem, a, rpw); break;
+      case 8: launch_quant_rows<8>(ctx, grid, smem, a, rpw); break;
       default: CUDA_REQUIRE(false, "gemv: unsupported bits " + std::to_string(w.bits));
     }
     return true;
   }
+  CUDA_REQUIRE(!a.f.active(), "gemv: the decode fusions need quantized weights");
   const size_t wsize = w.wtype == FloatType::kF32 ? 4 : 2;
-  const bool vec = (size_t(w.in) * wsize) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
+  bool vec = (size_t(w.in) * wsize) % 16 == 0;
+  for (int i = 0; i < a.n_parts; ++i) vec = vec && reinterpret_cast<uintptr_t>(a.w[i].w) % 16 == 0;
   switch (w.wtype) {
     case FloatType::kF32: launch(ctx, dense_gemv_kernel<float>, grid, smem, a, vec); break;
     case FloatType::kF16: launch(ctx, dense_gemv_kernel<__half>, grid, smem, a, vec); break;
     case FloatType::kBF16: launch(ctx, dense_gemv_kernel<__nv_bfloat16>, grid, smem, a, vec); break;
   }
   return true;
+}
+
+}  // namespace
+
+bool launch_gemv(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs, float* y) {
+  if (n_pairs == 0 || w.out == 0) return true;
+  GemvArgs a{};
+  a.w[0] = w;
+  a.y[0] = y;
+  a.n_parts = 1;
+  a.x = x;
+  a.map = map;
+  a.err = ctx.error_flag;
+  return launch_gemv_args(ctx, a, n_pairs);
+}
+
+bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
+                       int64_t n_tokens, const GemvFusion& f) {
+  CUDA_REQUIRE(!ws.empty() && ws.size() <= size_t(kMaxGemvParts) && ys.size() == ws.size(),
+               "gemv: 1 to 3 weights, one output each");
+  CUDA_REQUIRE(!(f.residual || f.router.k > 0) || ws.size() == 1, "gemv: residual and router need one weight");
+  if (n_tokens == 0) return true;
+  if (n_tokens > kGemvMaxTokens || ws[0].bits == 0) return false;
+  if (f.router.k > 0) {
+    CUDA_REQUIRE(f.counter != nullptr && ws[0].out <= kWarpRouterExperts && f.router.k >= 1 && f.router.k <= 32 &&
+                     f.router.k <= ws[0].out,
+                 "gemv: the router epilogue takes up to 256 experts and k <= min(32, n_experts)");
+  }
+  GemvArgs a{};
+  a.n_parts = int(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i) {
+    a.w[i] = ws[i];
+    a.y[i] = ys[i];
+  }
+  a.x = x;
+  a.map = PairMap{nullptr, 1, true};
+  a.err = ctx.error_flag;
+  a.f = f;
+  return launch_gemv_args(ctx, a, n_tokens);
 }
 
 }  // namespace moecel::cuda

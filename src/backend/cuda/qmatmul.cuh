@@ -6,6 +6,7 @@
 // Used by: CudaBackend::linear, CudaBackend::gather_linear.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -39,6 +40,36 @@ size_t gather_scratch_bytes(const WeightView& w, int64_t n_tokens, int64_t k);
 // kErrExpertIndex and fills its output row with NaN. `scratch` holds gather_scratch_bytes(...) bytes.
 void launch_gather_linear(const Ctx& ctx, const WeightView& w, const float* x, bool x_per_slot, const int32_t* indices,
                           int64_t n_tokens, int64_t k, float* y, void* scratch);
+
+// ---- decode fusions of the matrix-vector kernel (CudaBackend::rms_norm_linears, linear_residual,
+// rms_norm_router): fewer launches per decode step, the same per-row arithmetic ----
+constexpr int kMaxGemvParts = 3;  // e.g. q, k and v in one launch
+
+// Top-k of the logits the launch writes, by its last block (warp_router_topk: up to 256 experts, k <= 32).
+struct RouterEpilogue {
+  int k = 0;  // 0: none
+  bool topk_softmax = false, renormalize = false;
+  int32_t* indices = nullptr;  // (n_tokens, k)
+  float* weights = nullptr;    // (n_tokens, k)
+};
+
+struct GemvFusion {
+  const void* norm_w = nullptr;  // x is rms-normalized with this weight (d,) while staged
+  FloatType norm_type = FloatType::kF32;
+  float eps = 0.0f;
+  float* xn_out = nullptr;          // and the normalized x written here (n_tokens, d)
+  const float* residual = nullptr;  // y = residual + x @ w^T (residual may be y)
+  RouterEpilogue router;
+  unsigned* counter = nullptr;  // ctx.block_counter, for the router epilogue
+  bool active() const { return norm_w || residual || router.k > 0; }
+};
+
+// ys[i] (n_tokens, out_i) = (fused x) @ ws[i]^T for up to kMaxGemvParts quantized weights sharing in, bits, group
+// size and scale type, in one launch. residual and router need a single weight. Returns false (launching nothing)
+// for more than kGemvMaxTokens tokens, dense weights, or an x too long for shared memory: the caller then runs
+// the ops one by one.
+bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
+                       int64_t n_tokens, const GemvFusion& f);
 
 // ---- internal: the two kernel families, launched by qmatmul.cu ----
 

@@ -1,0 +1,225 @@
+// The decode-step fusions of the CUDA backend (rms_norm_linears, linear_residual, rms_norm_router,
+// fused_moe_add) and the multi-block argmax. Each fused launch is checked against the CPU backend (the oracle,
+// running the ops one by one) and, bit for bit, against the same ops run one by one on the CUDA backend: the
+// fusions save launches and must not change a single result.
+#include <span>
+
+#include "backend_ops_common.h"
+#include "models/switch_glu.h"
+
+namespace moecel::ops_test {
+namespace {
+
+std::vector<float> host_vec(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.data, t.nbytes());
+  return v;
+}
+
+std::vector<int32_t> host_i32_vec(const Tensor& t) {
+  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.data, t.nbytes());
+  return v;
+}
+
+struct NormCase {
+  int bits, group_size;
+  DType scale_type;
+  std::vector<int64_t> outs;  // one weight per entry (1 to 3)
+  int64_t in;
+};
+
+TEST_F(CudaOps, RmsNormLinearsMatchCpuAndUnfusedCuda) {
+  Rng rng(101);
+  const std::vector<NormCase> cases = {
+      {4, 64, DType::kBF16, {kHidden, kHidden, kHidden}, kHidden},  // OLMoE q, k, v
+      {8, 64, DType::kF16, {kHidden, 512, 512}, kHidden},           // GQA widths
+      {4, 32, DType::kF32, {13, 70}, 96},                           // odd rows, partial blocks
+      {6, 128, DType::kBF16, {40}, 256},                            // one part, 6-bit
+  };
+  for (const NormCase& c : cases) {
+    std::vector<LinearWeight> host_w, dev_w;
+    for (int64_t out : c.outs) {
+      host_w.push_back(make_quant(0, out, c.in, c.bits, c.group_size, c.scale_type, rng));
+      dev_w.push_back(cu().to_device(host_w.back()));
+    }
+    Tensor norm = host_random(DType::kBF16, {c.in}, rng, 0.5f, 1.5f);
+    Tensor dnorm = cu().to_device(norm);
+    for (int64_t n : {1, 3, 4, 6}) {  // 6: more tokens than the matrix-vector kernel takes (the ops one by one)
+      const std::string what = "bits " + std::to_string(c.bits) + " parts " + std::to_string(c.outs.size()) + " in " +
+                               std::to_string(c.in) + " n " + std::to_string(n);
+      Tensor x = host_random(DType::kF32, {n, c.in}, rng, -3.0f, 3.0f);
+      Tensor dx = cu().to_device(x);
+      // CPU oracle.
+      Tensor cxn = cpu.alloc(DType::kF32, {n, c.in});
+      cpu.rms_norm(x, norm, 1e-5f, cxn);
+      // Fused on the GPU.
+      std::vector<Tensor> ys;
+      std::vector<Tensor*> y_ptrs;
+      std::vector<const LinearWeight*> w_ptrs;
+      for (size_t i = 0; i < c.outs.size(); ++i) ys.push_back(cu().alloc(DType::kF32, {n, c.outs[i]}));
+      for (size_t i = 0; i < c.outs.size(); ++i) {
+        y_ptrs.push_back(&ys[i]);
+        w_ptrs.push_back(&dev_w[i]);
+      }
+      Tensor xn = cu().alloc(DType::kF32, {n, c.in});
+      cu().rms_norm_linears(dx, dnorm, 1e-5f, w_ptrs, y_ptrs, &xn);
+      // Unfused on the GPU.
+      Tensor uxn = cu().alloc(DType::kF32, {n, c.in});
+      cu().rms_norm(dx, dnorm, 1e-5f, uxn);
+      EXPECT_EQ(down(xn), down(uxn)) << what << ": normalized x differs from rms_norm";
+      EXPECT_LE(nmse(down(xn), host_vec(cxn)), kElementwise) << what;
+      for (size_t i = 0; i < c.outs.size(); ++i) {
+        Tensor ref = cpu.alloc(DType::kF32, {n, c.outs[i]});
+        cpu.linear(host_w[i], cxn, ref);
+        Tensor uy = cu().alloc(DType::kF32, {n, c.outs[i]});
+        cu().linear(dev_w[i], uxn, uy);
+        EXPECT_EQ(down(ys[i]), down(uy)) << what << " part " << i << ": fused differs from rms_norm + linear";
+        EXPECT_LE(nmse(down(ys[i]), host_vec(ref)), kMatmul) << what << " part " << i;
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, LinearResidualMatchesLinearThenAdd) {
+  Rng rng(102);
+  for (int bits : {4, 8}) {
+    const LinearWeight w = make_quant(0, kHidden, kHidden, bits, 64, DType::kBF16, rng);
+    const LinearWeight dw = cu().to_device(w);
+    for (int64_t n : {1, 2, 5}) {
+      Tensor x = host_random(DType::kF32, {n, kHidden}, rng);
+      Tensor res = host_random(DType::kF32, {n, kHidden}, rng, -4.0f, 4.0f);
+      Tensor ref = cpu.alloc(DType::kF32, {n, kHidden});
+      cpu.linear(w, x, ref);
+      cpu.add(res, ref, ref);
+      Tensor dx = cu().to_device(x);
+      Tensor fused = cu().alloc(DType::kF32, {n, kHidden});
+      cu().from_host(res.data, fused);
+      cu().linear_residual(dw, dx, fused);
+      Tensor y = cu().alloc(DType::kF32, {n, kHidden}), unfused = cu().alloc(DType::kF32, {n, kHidden});
+      cu().linear(dw, dx, y);
+      cu().add(cu().to_device(res), y, unfused);
+      const std::string what = "bits " + std::to_string(bits) + " n " + std::to_string(n);
+      EXPECT_EQ(down(fused), down(unfused)) << what;
+      EXPECT_LE(nmse(down(fused), host_vec(ref)), kMatmul) << what;
+    }
+  }
+}
+
+// Both router variants: the norm fused into the router's launch with a separate top-k kernel (the default), and
+// the top-k in that launch's last block (MOECEL_CUDA_FUSIONS bit 8).
+TEST_F(CudaOps, RmsNormRouterMatchesTheOpsOneByOne) {
+  struct Case {
+    int64_t n_experts;
+    int k;
+    RouterScoring scoring;
+    bool renorm;
+    int bits;
+  };
+  for (const char* fusions : {"7", "15"}) {
+    setenv("MOECEL_CUDA_FUSIONS", fusions, 1);
+    CudaBackend be;
+    unsetenv("MOECEL_CUDA_FUSIONS");
+    auto get = [&](const Tensor& t) {
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      be.to_host(t, v.data());
+      return v;
+    };
+    auto get_i = [&](const Tensor& t) {
+      std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+      be.to_host(t, v.data());
+      return v;
+    };
+    Rng rng(103);
+    for (const Case& c : {Case{kExperts, int(kTopK), RouterScoring::kSoftmax, false, 4},  // olmoe
+                          Case{128, 8, RouterScoring::kSoftmax, true, 8},                 // qwen3_moe (8-bit router)
+                          Case{8, 2, RouterScoring::kTopKSoftmax, false, 4},              // mixtral
+                          Case{256, 32, RouterScoring::kSoftmax, true, 4},                // the epilogue's limits
+                          Case{300, 40, RouterScoring::kSoftmax, false, 4}}) {            // beyond them
+      const LinearWeight w = make_quant(0, c.n_experts, kHidden, c.bits, 64, DType::kBF16, rng);
+      const LinearWeight dw = be.to_device(w);
+      Tensor norm = host_random(DType::kBF16, {kHidden}, rng, 0.5f, 1.5f);
+      Tensor dnorm = be.to_device(norm);
+      for (int64_t n : {1, 4, 9}) {
+        const std::string what = std::string("fusions ") + fusions + " experts " + std::to_string(c.n_experts) + " k " +
+                                 std::to_string(c.k) + " n " + std::to_string(n);
+        for (int rep = 0; rep < 3; ++rep) {  // the last-block counter must be back at zero for the next launch
+          Tensor x = host_random(DType::kF32, {n, kHidden}, rng, -3.0f, 3.0f);
+          Tensor dx = be.to_device(x);
+          Tensor xn = be.alloc(DType::kF32, {n, kHidden}), logits = be.alloc(DType::kF32, {n, c.n_experts});
+          Tensor idx = be.alloc(DType::kI32, {n, c.k}), wts = be.alloc(DType::kF32, {n, c.k});
+          be.rms_norm_router(dx, dnorm, 1e-5f, dw, c.scoring, c.k, c.renorm, xn, logits, idx, wts);
+          Tensor uxn = be.alloc(DType::kF32, {n, kHidden}), ulogits = be.alloc(DType::kF32, {n, c.n_experts});
+          Tensor uidx = be.alloc(DType::kI32, {n, c.k}), uwts = be.alloc(DType::kF32, {n, c.k});
+          be.rms_norm(dx, dnorm, 1e-5f, uxn);
+          be.linear(dw, uxn, ulogits);
+          be.router_topk(ulogits, c.scoring, c.k, c.renorm, uidx, uwts);
+          EXPECT_EQ(get(xn), get(uxn)) << what;
+          EXPECT_EQ(get(logits), get(ulogits)) << what;
+          EXPECT_EQ(get_i(idx), get_i(uidx)) << what;
+          EXPECT_EQ(get(wts), get(uwts)) << what;
+          // And against the CPU backend.
+          Tensor cxn = cpu.alloc(DType::kF32, {n, kHidden}), clogits = cpu.alloc(DType::kF32, {n, c.n_experts});
+          Tensor cidx = cpu.alloc(DType::kI32, {n, c.k}), cwts = cpu.alloc(DType::kF32, {n, c.k});
+          cpu.rms_norm_router(x, norm, 1e-5f, w, c.scoring, c.k, c.renorm, cxn, clogits, cidx, cwts);
+          EXPECT_LE(nmse(get(logits), host_vec(clogits)), kMatmul) << what;
+          EXPECT_EQ(get_i(idx), host_i32_vec(cidx)) << what;
+          EXPECT_LE(nmse(get(wts), host_vec(cwts)), kElementwise * 100) << what;  // weights of f32 logits
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, FusedMoeAddMatchesFusedMoeThenAdd) {
+  Rng rng(104);
+  for (int bits : {4, 8}) {
+    const SwitchWeights hw{make_quant(kExperts, kFfn, kHidden, bits, 64, DType::kBF16, rng),
+                           make_quant(kExperts, kFfn, kHidden, bits, 64, DType::kBF16, rng),
+                           make_quant(kExperts, kHidden, kFfn, bits, 64, DType::kBF16, rng)};
+    const SwitchWeights dw{cu().to_device(hw.gate), cu().to_device(hw.up), cu().to_device(hw.down)};
+    Tensor x = cu().to_device(host_random(DType::kF32, {1, kHidden}, rng));
+    Tensor idx = cu().to_device(host_i32({1, kTopK}, random_experts(1, kTopK, kExperts, rng)));
+    Tensor wts = cu().to_device(host_random(DType::kF32, {1, kTopK}, rng, 0.0f, 0.3f));
+    Tensor res = host_random(DType::kF32, {1, kHidden}, rng, -4.0f, 4.0f);
+    Tensor acc = cu().alloc(DType::kF32, {1, kHidden});
+    cu().from_host(res.data, acc);
+    cu().fused_moe_add(dw.gate, dw.up, dw.down, Activation::kSiLU, x, idx, wts, acc);
+    Tensor out = cu().alloc(DType::kF32, {1, kHidden}), sum = cu().alloc(DType::kF32, {1, kHidden});
+    cu().fused_moe(dw.gate, dw.up, dw.down, Activation::kSiLU, x, idx, wts, out);
+    cu().add(cu().to_device(res), out, sum);
+    EXPECT_EQ(down(acc), down(sum)) << "bits " << bits;
+    // The gather path through SwitchGLU::forward_add gives the same bits.
+    const SwitchGLU glu(dw, Activation::kSiLU);
+    Tensor gathered = cu().alloc(DType::kF32, {1, kHidden});
+    cu().from_host(res.data, gathered);
+    const Tensor moe = glu.forward_gather(cu(), x, idx, wts);
+    cu().add(gathered, moe, gathered);
+    EXPECT_EQ(down(acc), down(gathered)) << "bits " << bits << ": fused + residual vs gather + add";
+  }
+}
+
+TEST_F(CudaOps, ArgmaxManyBlocksAndRows) {
+  Rng rng(105);
+  for (int64_t vocab : {int64_t(1), int64_t(5), int64_t(1025), int64_t(151936), int64_t(300000)}) {
+    for (int64_t n : {1, 3}) {
+      Tensor logits = host_random(DType::kF32, {n, vocab}, rng, -10.0f, 10.0f);
+      if (vocab > 2) {
+        for (int64_t t = 0; t < n; ++t) {  // a planted tie far apart (different blocks): the lower index wins
+          const int64_t a = rng.below(vocab / 2), b = vocab - 1 - rng.below(vocab / 4);
+          logits.ptr<float>()[t * vocab + a] = 20.0f;
+          logits.ptr<float>()[t * vocab + b] = 20.0f;
+        }
+      }
+      const Tensor d = cu().to_device(logits);
+      const std::vector<int32_t> want = cpu.argmax(logits);
+      EXPECT_EQ(cu().argmax(d), want) << "vocab " << vocab << " n " << n;
+      Tensor ids = cu().alloc(DType::kI32, {n});
+      cu().argmax_to(d, ids);
+      EXPECT_EQ(down<int32_t>(ids), want) << "argmax_to, vocab " << vocab << " n " << n;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moecel::ops_test
