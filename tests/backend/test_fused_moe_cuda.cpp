@@ -1,7 +1,8 @@
 // The fused decode-MoE path on the CUDA backend: against an all-f32 reference from MLX's dequantization
 // (normalized RMS <= 5e-4), against the CUDA gather path (bit-identical: same per-row arithmetic), bitwise
-// reruns and launch widths (rows per warp), NaN-free output, bad expert indices, and the dispatch counts of
-// decode steps replayed from a CUDA graph. Skips with "no CUDA device" without a GPU.
+// reruns, launch widths (rows per warp) and kernel variants (kernel B without early weight loads, PDL off), NaN-free
+// output, bad expert indices, and the dispatch counts of decode steps replayed from a CUDA graph. Skips with "no CUDA
+// device" without a GPU.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -37,15 +38,13 @@ class FusedMoeCuda : public ::testing::TestWithParam<Case> {
   }
 };
 
-// Runs one path on a fresh CUDA backend (rows: MOECEL_CUDA_FUSED_ROWS for this backend, "" = default).
-std::vector<float> run_cuda(const Problem& p, Activation act, bool fused, const char* rows = "") {
-  if (*rows) {
-    setenv("MOECEL_CUDA_FUSED_ROWS", rows, 1);
-  } else {
-    unsetenv("MOECEL_CUDA_FUSED_ROWS");
-  }
+// Runs one path on a fresh CUDA backend, created with the environment setting `env` ("NAME=VALUE", "" = none).
+std::vector<float> run_cuda(const Problem& p, Activation act, bool fused, const std::string& env = "") {
+  const size_t eq = env.find('=');
+  const std::string name = eq == std::string::npos ? "" : env.substr(0, eq);
+  if (!name.empty()) setenv(name.c_str(), env.substr(eq + 1).c_str(), 1);
   CudaBackend be;
-  unsetenv("MOECEL_CUDA_FUSED_ROWS");
+  if (!name.empty()) unsetenv(name.c_str());
   SwitchWeights dw{be.to_device(p.w.gate), be.to_device(p.w.up), be.to_device(p.w.down)};
   const int64_t hidden = p.w.gate.in, k = int64_t(p.idx.size());
   Tensor x = be.alloc(DType::kF32, {1, hidden}), idx = be.alloc(DType::kI32, {1, k});
@@ -70,9 +69,11 @@ TEST_P(FusedMoeCuda, MatchesReferenceGatherAndIsDeterministic) {
   EXPECT_LE(test::normalized_rms(fused, test::moe_reference(p, c.act)), 5e-4);
   EXPECT_EQ(fused, run_cuda(p, c.act, false)) << "fused and gather paths differ";
   EXPECT_EQ(fused, run_cuda(p, c.act, true)) << "rerun differs";
-  EXPECT_EQ(fused, run_cuda(p, c.act, true, "1")) << "1 row per warp differs";
-  EXPECT_EQ(fused, run_cuda(p, c.act, true, "4")) << "4 rows per warp differs";
-  EXPECT_EQ(fused, run_cuda(p, c.act, true, "0")) << "the pipelined kernel A differs";
+  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=1")) << "1 row per warp differs";
+  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=4")) << "4 rows per warp differs";
+  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=0")) << "the pipelined kernel A differs";
+  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_B_PREFETCH=0")) << "kernel B without prefetch differs";
+  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_PDL=0")) << "without programmatic dependent launch";
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -263,6 +263,7 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   // Programmatic dependent launch (cuda_common.cuh): on unless MOECEL_CUDA_PDL=0 (for measuring its gain).
   impl_->ctx.pdl = knob_from_env("MOECEL_CUDA_PDL", 1, {0, 1}) == 1;
   impl_->ctx.gemv_rows = knob_from_env("MOECEL_CUDA_GEMV_ROWS", 0, {0, 1, 2, 4});
+  impl_->ctx.extra_launches = knob_from_env("MOECEL_CUDA_EXTRA_LAUNCHES", 0, {0, 1, 2, 4});
 }
 
 std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const std::function<void()>& record, const Tensor& ids,
@@ -590,6 +591,10 @@ void CudaBackend::qk_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, cons
   MOECEL_CHECK(half <= cuda::kMaxRopeHalf, "rope: rotary dims {} above the CUDA backend's limit {}", rot_dims,
                2 * cuda::kMaxRopeHalf);
   MOECEL_CHECK(n <= 65535, "qk_norm_rope_store: at most 65535 tokens per call, got {}", n);
+  if (q_width > 4096 || kv_width > 4096) {  // wider rows than the fused kernel holds: the ops one by one
+    return Backend::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, n_heads, n_kv_heads, head_dim, rot_dims, theta,
+                                       k_cache, v_cache, pos0);
+  }
   check_no_overlap(q, k, "qk_norm_rope_store");
   cuda::RopeFreqs f{};
   for (int i = 0; i < half; ++i) f.inv_freq[i] = float(std::pow(double(theta), -2.0 * i / rot_dims));

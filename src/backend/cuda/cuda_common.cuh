@@ -38,6 +38,7 @@ struct Ctx {
   bool pdl = true;
   // Rows per warp of the matrix-vector kernel (MOECEL_CUDA_GEMV_ROWS: 1, 2 or 4; 0 = chosen by size).
   int gemv_rows = 0;
+  int extra_launches = 0;  // MOECEL_CUDA_EXTRA_LAUNCHES (measurement only)
   // A zeroed device counter for kernels that finish with a "last block" epilogue (each resets it on exit).
   unsigned* block_counter = nullptr;
 };
@@ -179,10 +180,28 @@ __device__ __forceinline__ void pdl_enter() {
   pdl_trigger();
 }
 
+// An empty kernel: MOECEL_CUDA_EXTRA_LAUNCHES=n puts n of them before every launch_k kernel, to measure what one
+// kernel boundary costs a decode step.
+static __global__ void empty_kernel() {
+  pdl_enter();
+}
+
 // Launches `kernel` on the context's stream, with programmatic stream serialization when ctx.pdl is set. Every
 // kernel launched this way calls pdl_wait() before it touches memory that earlier kernels write.
 template <class... KArgs, class... Args>
 void launch_k(const Ctx& ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  for (int i = 0; i < ctx.extra_launches; ++i) {
+    cudaLaunchAttribute ea[1];
+    ea[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    ea[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t ec{};
+    ec.gridDim = dim3(1);
+    ec.blockDim = dim3(32);
+    ec.stream = ctx.stream;
+    ec.attrs = ea;
+    ec.numAttrs = ctx.pdl ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&ec, empty_kernel));
+  }
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;

@@ -52,15 +52,18 @@ __device__ __forceinline__ void bind(RowSet<BITS, ST, R, NV>& rs, int v, const W
   rs.groups = wv.in / wv.group_size;
 }
 
-// acc[i] += row i's chunk c . xs (staged vector i_x(i)), in the gather path's order.
-template <int BITS, int R, class XOf>
+// acc[i] += row i's chunk c . xs (staged vector x_of(i)), in the gather path's order. Rows i and i + 1 with the
+// same vector (x_of(i) == x_of(i + 1) for every i with SHARED) share the chunk's x sum.
+template <int BITS, int R, bool SHARED = false, class XOf>
 __device__ __forceinline__ void dot_step(const uint32_t (&wd)[R][BITS], const float (&sc)[R], const float (&bi)[R],
                                          int64_t c, XOf x_of, float (&acc)[R]) {
+  float shared_sum = 0.0f;
+  if constexpr (SHARED) shared_sum = chunk_xsum(x_of(0) + c * kChunkPad);
 #pragma unroll
   for (int i = 0; i < R; ++i) {
-    float xsum;
-    const float qx = chunk_dot<BITS>(wd[i], x_of(i) + c * kChunkPad, xsum);
-    acc[i] = chunk_fma(sc[i], bi[i], qx, xsum, acc[i]);
+    const float* xc = x_of(i) + c * kChunkPad;
+    const float xsum = SHARED ? shared_sum : chunk_xsum(xc);
+    acc[i] = chunk_fma(sc[i], bi[i], chunk_qx<BITS>(wd[i], xc), xsum, acc[i]);
   }
 }
 
@@ -86,8 +89,8 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_kernel(FusedMoeArgs a,
     return;
   }
   const int64_t n_chunks = hidden / kChunk;
-  const int chunks_per_group = a.gate.group_size / kChunk;
-  constexpr int R = 2 * RPW;  // gate rows, then up rows
+  const int gshift = __ffs(a.gate.group_size / kChunk) - 1;  // chunk -> group: a shift
+  constexpr int R = 2 * RPW;                                 // gate rows, then up rows
   RowSet<BITS, ST, R, 2> rows;
   bind(rows, 0, a.gate);
   bind(rows, 1, a.up);
@@ -104,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_kernel(FusedMoeArgs a,
 #pragma unroll
   for (int p = 0; p < kPrefetch; ++p) {
     const int64_t c = lane + 32 * p;
-    if (live && c < n_chunks) rows.load(c, c / chunks_per_group, wd[p], sc[p], bi[p]);
+    if (live && c < n_chunks) rows.load(c, c >> gshift, wd[p], sc[p], bi[p]);
   }
   stage_chunks(a.x, hidden, xs);
   __syncthreads();
@@ -116,11 +119,11 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_kernel(FusedMoeArgs a,
 #pragma unroll
   for (int p = 0; p < kPrefetch; ++p) {
     const int64_t c = lane + 32 * p;
-    if (c < n_chunks) dot_step<BITS, R>(wd[p], sc[p], bi[p], c, x_of, acc);
+    if (c < n_chunks) dot_step<BITS, R, true>(wd[p], sc[p], bi[p], c, x_of, acc);
   }
   for (int64_t c = lane + 32 * kPrefetch; c < n_chunks; c += 32) {
-    rows.load(c, c / chunks_per_group, wd[0], sc[0], bi[0]);
-    dot_step<BITS, R>(wd[0], sc[0], bi[0], c, x_of, acc);
+    rows.load(c, c >> gshift, wd[0], sc[0], bi[0]);
+    dot_step<BITS, R, true>(wd[0], sc[0], bi[0], c, x_of, acc);
   }
 #pragma unroll
   for (int i = 0; i < R; ++i) acc[i] = warp_sum(acc[i]);
@@ -143,7 +146,7 @@ struct PairRows {
 
 template <int BITS, typename ST, GluAct ACT>
 __device__ __forceinline__ bool pair_load(const FusedMoeArgs& a, const RowSet<BITS, ST, 2, 2>& base, int64_t n,
-                                          int lane, int64_t n_chunks, int cpg, PairRows<BITS, ST, ACT>& pr,
+                                          int lane, int64_t n_chunks, int cpg_shift, PairRows<BITS, ST, ACT>& pr,
                                           uint32_t& row) {
   const int64_t ffn = a.gate.out;
   const int32_t e = a.indices[n / ffn];
@@ -154,14 +157,14 @@ __device__ __forceinline__ bool pair_load(const FusedMoeArgs& a, const RowSet<BI
 #pragma unroll
   for (int p = 0; p < PairRows<BITS, ST, ACT>::kPre; ++p) {
     const int64_t c = lane + 32 * p;
-    if (c < n_chunks) rs.load(c, c / cpg, pr.wd[p], pr.sc[p], pr.bi[p]);
+    if (c < n_chunks) rs.load(c, c >> cpg_shift, pr.wd[p], pr.sc[p], pr.bi[p]);
   }
   return true;
 }
 
 template <int BITS, typename ST, GluAct ACT>
 __device__ __forceinline__ void pair_finish(const FusedMoeArgs& a, const RowSet<BITS, ST, 2, 2>& base, int64_t n,
-                                            bool valid, uint32_t row, int lane, int64_t n_chunks, int cpg,
+                                            bool valid, uint32_t row, int lane, int64_t n_chunks, int cpg_shift,
                                             const float* xs, PairRows<BITS, ST, ACT>& pr, unsigned* err) {
   float acc[2] = {0.0f, 0.0f};
   if (valid) {
@@ -169,13 +172,13 @@ __device__ __forceinline__ void pair_finish(const FusedMoeArgs& a, const RowSet<
 #pragma unroll
     for (int p = 0; p < PairRows<BITS, ST, ACT>::kPre; ++p) {
       const int64_t c = lane + 32 * p;
-      if (c < n_chunks) dot_step<BITS, 2>(pr.wd[p], pr.sc[p], pr.bi[p], c, x_of, acc);
+      if (c < n_chunks) dot_step<BITS, 2, true>(pr.wd[p], pr.sc[p], pr.bi[p], c, x_of, acc);
     }
     RowSet<BITS, ST, 2, 2> rs = base;
     rs.row[0] = rs.row[1] = row;
     for (int64_t c = lane + 32 * PairRows<BITS, ST, ACT>::kPre; c < n_chunks; c += 32) {  // rows over 2048 wide
-      rs.load(c, c / cpg, pr.wd[0], pr.sc[0], pr.bi[0]);
-      dot_step<BITS, 2>(pr.wd[0], pr.sc[0], pr.bi[0], c, x_of, acc);
+      rs.load(c, c >> cpg_shift, pr.wd[0], pr.sc[0], pr.bi[0]);
+      dot_step<BITS, 2, true>(pr.wd[0], pr.sc[0], pr.bi[0], c, x_of, acc);
     }
   }
   acc[0] = warp_sum(acc[0]);
@@ -194,25 +197,25 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_pipelined_kernel(Fused
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t hidden = a.gate.in, total = int64_t(a.k) * a.gate.out;
   const int64_t n_chunks = hidden / kChunk, W = int64_t(gridDim.x) * kWarps;
-  const int cpg = a.gate.group_size / kChunk;
+  const int cpg_shift = __ffs(a.gate.group_size / kChunk) - 1;
   RowSet<BITS, ST, 2, 2> base;
   bind(base, 0, a.gate);
   bind(base, 1, a.up);
   PairRows<BITS, ST, ACT> buf0, buf1;
   uint32_t row0 = 0, row1 = 0;
   int64_t n = int64_t(blockIdx.x) * kWarps + warp;
-  bool v0 = n < total && pair_load(a, base, n, lane, n_chunks, cpg, buf0, row0);
+  bool v0 = n < total && pair_load(a, base, n, lane, n_chunks, cpg_shift, buf0, row0);
   stage_chunks(a.x, hidden, xs);
   __syncthreads();
   // Two register buffers used alternately (static indexing keeps them in registers).
   while (n < total) {
     const int64_t n1 = n + W;
-    const bool v1 = n1 < total && pair_load(a, base, n1, lane, n_chunks, cpg, buf1, row1);
-    pair_finish(a, base, n, v0, row0, lane, n_chunks, cpg, xs, buf0, err);
+    const bool v1 = n1 < total && pair_load(a, base, n1, lane, n_chunks, cpg_shift, buf1, row1);
+    pair_finish(a, base, n, v0, row0, lane, n_chunks, cpg_shift, xs, buf0, err);
     if (n1 >= total) break;
     const int64_t n2 = n1 + W;
-    v0 = n2 < total && pair_load(a, base, n2, lane, n_chunks, cpg, buf0, row0);
-    pair_finish(a, base, n1, v1, row1, lane, n_chunks, cpg, xs, buf1, err);
+    v0 = n2 < total && pair_load(a, base, n2, lane, n_chunks, cpg_shift, buf0, row0);
+    pair_finish(a, base, n1, v1, row1, lane, n_chunks, cpg_shift, xs, buf1, err);
     n = n2;
   }
 }
@@ -229,8 +232,8 @@ __global__ void __launch_bounds__(kThreads) fused_down_kernel(FusedMoeArgs a, un
   const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * RPW;
   const bool live = row0 < hidden;
   const int64_t n_chunks = ffn / kChunk;
-  const int chunks_per_group = a.down.group_size / kChunk;
-  constexpr int R = KB * RPW;  // row i of slot s is entry s * RPW + i
+  const int gshift = __ffs(a.down.group_size / kChunk) - 1;  // chunk -> group: a shift
+  constexpr int R = KB * RPW;                                // row i of slot s is entry s * RPW + i
   auto x_of = [&](int n) { return xs + (n / RPW) * n_chunks * kChunkPad; };
   float out[RPW];
 #pragma unroll
@@ -254,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) fused_down_kernel(FusedMoeArgs a, un
     }
     uint32_t wd[R][BITS];
     float sc[R], bi[R];
-    if (live && lane < n_chunks) rows.load(lane, lane / chunks_per_group, wd, sc, bi);
+    if (live && lane < n_chunks) rows.load(lane, lane >> gshift, wd, sc, bi);
     if (j0 == 0 && a.b_prefetch) pdl_enter();  // the first slots' weights are in flight: wait for kernel A's act
     if (j0 > 0) __syncthreads();               // every warp is done with the previous slots' act
     stage_chunks(a.act + j0 * ffn, nb * ffn, xs);
@@ -265,7 +268,7 @@ __global__ void __launch_bounds__(kThreads) fused_down_kernel(FusedMoeArgs a, un
     for (int n = 0; n < R; ++n) acc[n] = 0.0f;
     if (lane < n_chunks) dot_step<BITS, R>(wd, sc, bi, lane, x_of, acc);
     for (int64_t c = lane + 32; c < n_chunks; c += 32) {
-      rows.load(c, c / chunks_per_group, wd, sc, bi);
+      rows.load(c, c >> gshift, wd, sc, bi);
       dot_step<BITS, R>(wd, sc, bi, c, x_of, acc);
     }
 #pragma unroll
@@ -383,8 +386,9 @@ void launch_fused_moe(const Ctx& ctx, const FusedMoeArgs& a) {
   const WeightView &g = a.gate, &u = a.up, &d = a.down;
   CUDA_REQUIRE(g.bits == u.bits && (g.bits == 4 || g.bits == 8), "fused_moe: gate/up bits must be equal, 4 or 8");
   CUDA_REQUIRE(d.bits == 4 || d.bits == 6 || d.bits == 8, "fused_moe: down bits must be 4, 6 or 8");
-  CUDA_REQUIRE(g.group_size == u.group_size && g.group_size == d.group_size && g.group_size % kChunk == 0,
-               "fused_moe: one group size (a multiple of 32) for gate, up and down");
+  CUDA_REQUIRE(g.group_size == u.group_size && g.group_size == d.group_size && g.group_size % kChunk == 0 &&
+                   ((g.group_size / kChunk) & (g.group_size / kChunk - 1)) == 0,
+               "fused_moe: one group size (32 * 2^n) for gate, up and down");
   CUDA_REQUIRE(g.stype == u.stype && g.stype == d.stype, "fused_moe: one scale type for gate, up and down");
   CUDA_REQUIRE(g.biases && u.biases && d.biases, "fused_moe: quantized weights with biases");
   CUDA_REQUIRE(g.in % kChunk == 0 && g.out % kChunk == 0 && u.out == g.out && u.in == g.in && d.out == g.in &&

@@ -30,10 +30,12 @@ void launch_glu(const Ctx& ctx, GluAct act, const float* gate, const float* up, 
 // semantics). Each lane ranks its own experts against all others (the order: larger score first, the lower index
 // on a tie, NaN after every number), so there are no k sequential rounds of reductions on the step's critical path.
 // `l` (n_experts,) is read through L2 (__ldcg), so the last block of the kernel that wrote it may call this.
-// Writes idx[0..k) and w[0..k); `ws` is kWarpRouterExperts floats of this warp's shared memory.
-__device__ __forceinline__ void warp_router_topk(const float* l, int n_experts, int k, bool topk_softmax,
-                                                 bool renormalize, int32_t* idx, float* w, float* ws) {
-  constexpr int kPerLane = kWarpRouterExperts / 32;
+// Writes idx[0..k) and w[0..k); `ws` is kWarpRouterExperts floats of this warp's shared memory. kPerLane (experts
+// per lane, n_experts <= 32 * kPerLane) is a template argument so that small routers run small code: this runs
+// once per layer on one warp, where instruction-cache misses of unrolled code cost more than the arithmetic.
+template <int kPerLane>
+__device__ __forceinline__ void warp_router_topk_n(const float* l, int n_experts, int k, bool topk_softmax,
+                                                   bool renormalize, int32_t* idx, float* w, float* ws) {
   const int lane = threadIdx.x & 31;
   float sc[kPerLane];
 #pragma unroll
@@ -73,9 +75,9 @@ __device__ __forceinline__ void warp_router_topk(const float* l, int n_experts, 
     const float v = sc[i];
     const bool v_nan = isnan(v);
     int r = 0;
-#pragma unroll 8
-    for (int e2 = 0; e2 < n_experts; ++e2) {  // unrolled: the shared-memory reads are issued back to back
-      const float u = ws[e2];                 // the same address for every lane: a broadcast
+#pragma unroll 4
+    for (int e2 = 0; e2 < n_experts; ++e2) {
+      const float u = ws[e2];  // the same address for every lane: a broadcast
       const bool u_nan = isnan(u);
       r += v_nan ? (!u_nan || e2 < e) : (!u_nan && (u > v || (u == v && e2 < e)));
     }
@@ -106,6 +108,17 @@ __device__ __forceinline__ void warp_router_topk(const float* l, int n_experts, 
       idx[rank[i]] = lane + 32 * i;
       w[rank[i]] = ws[rank[i]];
     }
+  }
+}
+
+__device__ __forceinline__ void warp_router_topk(const float* l, int n_experts, int k, bool topk_softmax,
+                                                 bool renormalize, int32_t* idx, float* w, float* ws) {
+  if (n_experts <= 64) {
+    warp_router_topk_n<2>(l, n_experts, k, topk_softmax, renormalize, idx, w, ws);
+  } else if (n_experts <= 128) {
+    warp_router_topk_n<4>(l, n_experts, k, topk_softmax, renormalize, idx, w, ws);
+  } else {
+    warp_router_topk_n<kWarpRouterExperts / 32>(l, n_experts, k, topk_softmax, renormalize, idx, w, ws);
   }
 }
 

@@ -64,53 +64,74 @@ __global__ void __launch_bounds__(kRowThreads)
   for (int64_t i = threadIdx.x; i < d; i += kRowThreads) y[off + i] = sum[off + i] * inv * load_float(weight, wtype, i);
 }
 
-// rms_norm_kernel (with kRowThreads) then rope_kernel on one row, in place (the barrier makes the normalized row
-// visible to the threads that rotate it).
-__device__ void norm_rope_row(float* xr, const void* weight, FloatType wtype, int64_t d, float eps, float pos,
-                              int n_heads, int head_dim, int half, const RopeFreqs& freqs, float* red) {
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < d; i += kRowThreads) ss = fmaf(xr[i], xr[i], ss);
-  ss = block_sum(ss, red);
-  const float inv = 1.0f / sqrtf(ss / float(d) + eps);
-  for (int64_t i = threadIdx.x; i < d; i += kRowThreads) xr[i] = xr[i] * inv * load_float(weight, wtype, i);
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < n_heads * half; idx += kRowThreads) {
-    const int h = idx / half, i = idx % half;
-    const float ang = pos * freqs.inv_freq[i];
-    float s, c;
-    sincosf(ang, &s, &c);
-    float* v = xr + int64_t(h) * head_dim;
-    const float a = v[i], b = v[i + half];
-    v[i] = a * c - b * s;
-    v[i + half] = b * c + a * s;
-  }
-}
+// The decode attention prologue on one row (q or k of one token): RMSNorm over the whole row, then NeoX rotary of
+// every head, written back in place (and to the cache row for k). The row and its norm weights are held in registers
+// and shared memory, not re-read from global memory between the steps (each re-read is a memory round trip on the
+// decode step's critical path); the norm weights are loaded before pdl_wait. Element e = threadIdx.x + j * blockDim.
+constexpr int kRowPer = 4;  // elements per thread: rows up to 4096 wide
 
-// Preconditions: blockDim.x == kRowThreads; grid (n_tokens, 2); half > 0.
+// Preconditions: blockDim.x == kRowThreads; grid (n_tokens, 2); half > 0; widths <= kRowThreads * kRowPer.
 __global__ void __launch_bounds__(kRowThreads)
     qk_norm_rope_store_kernel(float* q, float* k, const float* v, const void* q_norm, FloatType q_wtype,
                               const void* k_norm, FloatType k_wtype, float eps, int n_heads, int n_kv_heads,
                               int head_dim, int half, RopeFreqs freqs, int64_t pos0, const int64_t* step_pos,
                               int64_t capacity, float* kc, float* vc) {
   __shared__ float red[32];
+  __shared__ float row[kRowThreads * kRowPer];
+  const bool is_k = blockIdx.y == 1;
+  const int heads = is_k ? n_kv_heads : n_heads;
+  const int64_t width = int64_t(heads) * head_dim;
+  const void* nw_ptr = is_k ? k_norm : q_norm;
+  const FloatType nw_type = is_k ? k_wtype : q_wtype;
+  float nw[kRowPer];
+#pragma unroll
+  for (int j = 0; j < kRowPer; ++j) {
+    const int64_t e = threadIdx.x + int64_t(j) * kRowThreads;
+    nw[j] = e < width ? load_float(nw_ptr, nw_type, e) : 0.0f;
+  }
   pdl_enter();
   if (step_pos) pos0 = *step_pos;
   const int64_t t = blockIdx.x;
-  const int64_t q_width = int64_t(n_heads) * head_dim, kv_width = int64_t(n_kv_heads) * head_dim;
-  const float pos = float(pos0 + t);
-  if (blockIdx.y == 0) {
-    norm_rope_row(q + t * q_width, q_norm, q_wtype, q_width, eps, pos, n_heads, head_dim, half, freqs, red);
-    return;
+  float* xr = (is_k ? k : q) + t * width;
+  float xv[kRowPer];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kRowPer; ++j) {
+    const int64_t e = threadIdx.x + int64_t(j) * kRowThreads;
+    xv[j] = e < width ? xr[e] : 0.0f;
   }
-  float* kr = k + t * kv_width;
-  norm_rope_row(kr, k_norm, k_wtype, kv_width, eps, pos, n_kv_heads, head_dim, half, freqs, red);
+#pragma unroll
+  for (int j = 0; j < kRowPer; ++j) ss = fmaf(xv[j], xv[j], ss);  // the order rms_norm_kernel's threads use
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / float(width) + eps);
+#pragma unroll
+  for (int j = 0; j < kRowPer; ++j) {
+    const int64_t e = threadIdx.x + int64_t(j) * kRowThreads;
+    if (e < width) row[e] = xv[j] * inv * nw[j];
+  }
   __syncthreads();
-  const int64_t row = pos0 + t;
-  if (row < 0 || row >= capacity) return;
-  const float* vr = v + t * kv_width;
-  for (int64_t i = threadIdx.x; i < kv_width; i += kRowThreads) {
-    kc[row * kv_width + i] = kr[i];
-    vc[row * kv_width + i] = vr[i];
+  const int64_t cache_row = pos0 + t;
+  const bool store = is_k && cache_row >= 0 && cache_row < capacity;
+  const float pos = float(pos0 + t);
+#pragma unroll
+  for (int j = 0; j < kRowPer; ++j) {
+    const int64_t e = threadIdx.x + int64_t(j) * kRowThreads;
+    if (e >= width) break;
+    const int c = int(e % head_dim);
+    const int64_t base = e - c;  // the head's first element
+    float out = row[e];
+    if (c < 2 * half) {
+      const int i = c < half ? c : c - half;
+      const float a = row[base + i], b = row[base + i + half];
+      float sn, cs;
+      sincosf(pos * freqs.inv_freq[i], &sn, &cs);
+      out = c < half ? a * cs - b * sn : b * cs + a * sn;
+    }
+    xr[e] = out;
+    if (store) {
+      kc[cache_row * width + e] = out;
+      vc[cache_row * width + e] = v[t * width + e];
+    }
   }
 }
 
@@ -130,6 +151,8 @@ void launch_qk_norm_rope_store(const Ctx& ctx, float* q, float* k, const float* 
   if (n_tokens == 0) return;
   CUDA_REQUIRE(half > 0 && half <= kMaxRopeHalf && 2 * half <= head_dim, "qk_norm_rope_store: bad rotary dims");
   CUDA_REQUIRE(n_tokens <= 65535, "qk_norm_rope_store: too many tokens");
+  CUDA_REQUIRE(int64_t(n_heads) * head_dim <= 4096 && int64_t(n_kv_heads) * head_dim <= 4096,
+               "qk_norm_rope_store: q and k rows up to 4096 wide");
   const dim3 grid{unsigned(n_tokens), 2u};
   launch_k(ctx, qk_norm_rope_store_kernel, grid, kRowThreads, 0, q, k, v, q_norm, q_wtype, k_norm, k_wtype, eps,
            n_heads, n_kv_heads, head_dim, half, freqs, pos0, ctx.step_pos, capacity, k_cache, v_cache);

@@ -49,10 +49,10 @@ __device__ __forceinline__ float chunk_value(const uint32_t (&wd)[BITS], int j) 
   return __int_as_float(0x4B000000u | (v & kMask)) - 8388608.0f;
 }
 
-// sum_j q_j * x_j over one chunk, and sum_j x_j (the bias term: w = s*q + b gives s*sum(q x) + b*sum(x)).
+// sum_j q_j * x_j over one chunk.
 template <int BITS>
-__device__ __forceinline__ float chunk_dot(const uint32_t (&wd)[BITS], const float* xc, float& xsum) {
-  float qx = 0.0f, xs = 0.0f;
+__device__ __forceinline__ float chunk_qx(const uint32_t (&wd)[BITS], const float* xc) {
+  float qx = 0.0f;
 #pragma unroll
   for (int j = 0; j < kChunk; j += 4) {
     const float4 xv = *reinterpret_cast<const float4*>(xc + j);
@@ -60,10 +60,20 @@ __device__ __forceinline__ float chunk_dot(const uint32_t (&wd)[BITS], const flo
     qx = fmaf(chunk_value<BITS>(wd, j + 1), xv.y, qx);
     qx = fmaf(chunk_value<BITS>(wd, j + 2), xv.z, qx);
     qx = fmaf(chunk_value<BITS>(wd, j + 3), xv.w, qx);
+  }
+  return qx;
+}
+
+// sum_j x_j over one chunk (the bias term: w = s*q + b gives s*sum(q x) + b*sum(x)). Rows that share x share it:
+// computing it once per chunk rather than once per row saves an add per weight.
+__device__ __forceinline__ float chunk_xsum(const float* xc) {
+  float xs = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kChunk; j += 4) {
+    const float4 xv = *reinterpret_cast<const float4*>(xc + j);
     xs += (xv.x + xv.y) + (xv.z + xv.w);
   }
-  xsum = xs;
-  return qx;
+  return xs;
 }
 
 // Floats per chunk of a vector staged in shared memory: 4 pad floats put the float4 reads of 8 consecutive lanes

@@ -1,8 +1,11 @@
-// Matrix-vector kernels (decode and other few-token products): one warp per output row, 8 rows per
-// 256-thread block, grid (ceil(out / 8), n_pairs). The block stages its x row in shared memory; lanes stride
-// the row's packed words (a quantized lane step is one 32-value chunk = exactly `bits` words, 16-byte loads
-// for 4 and 8 bits), accumulate in f32 and reduce with warp shuffles.
-// Used by: launch_linear and launch_gather_linear (qmatmul.cu).
+// Matrix-vector kernels (decode and other few-token products): a warp computes RPW output rows (1, 2 or 4), 8
+// warps per 256-thread block, grid (blocks of every part, n_pairs). The block stages its x row in shared memory;
+// lanes stride the rows' packed words (a quantized lane step is one 32-value chunk = exactly `bits` words, 16-byte
+// loads for 4 and 8 bits), accumulate in f32 and reduce with warp shuffles. A launch may cover up to three weights
+// of the same input (q, k, v) and fuse the input's RMSNorm, a residual add or a router top-k (GemvFusion).
+// Under PDL each block loads its first weight chunks and norm weights before waiting for the previous kernel.
+// Used by: launch_linear, launch_gather_linear (qmatmul.cu) and launch_gemv_fused (CudaBackend's decode fusions).
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/moe.cuh"
@@ -144,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
   const int64_t row0 = (pt.block * kWarps + warp) * RPW;
   const bool live = row0 < out;
   const int64_t groups = in / pt.w.group_size;
-  const int chunks_per_group = pt.w.group_size / kChunk;
+  const int gshift = __ffs(pt.w.group_size / kChunk) - 1;  // chunk -> group: a shift (group sizes 32, 64, 128)
   const uint32_t* wrow[RPW];
   const ST* srow[RPW];
   const ST* brow[RPW];
@@ -164,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
   for (int k = 0; k < kPrefetch; ++k) {
     const int64_t c = lane + 32 * k;
     if (live && c < n_chunks) {
-      const int64_t g = c / chunks_per_group;
+      const int64_t g = c >> gshift;
 #pragma unroll
       for (int i = 0; i < RPW; ++i) {
         load_chunk<BITS>(wrow[i] + c * BITS, pw[k][i]);
@@ -188,16 +191,16 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
     for (int k = 0; k < kPrefetch; ++k) {
       const int64_t c = lane + 32 * k;
       if (c < n_chunks) {
+        const float xsum = chunk_xsum(xs + c * kChunkPad);
 #pragma unroll
         for (int i = 0; i < RPW; ++i) {
-          float xsum;
-          const float qx = chunk_dot<BITS>(pw[k][i], xs + c * kChunkPad, xsum);
+          const float qx = chunk_qx<BITS>(pw[k][i], xs + c * kChunkPad);
           acc[i] = chunk_fma(ps[k][i], pb[k][i], qx, xsum, acc[i]);
         }
       }
     }
     for (int64_t c = lane + 32 * kPrefetch; c < n_chunks; c += 32) {
-      const int64_t g = c / chunks_per_group;
+      const int64_t g = c >> gshift;
       uint32_t wd[RPW][BITS];
       float sc[RPW], bi[RPW];
 #pragma unroll
@@ -206,10 +209,10 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
         sc[i] = to_f32(srow[i][g]);
         bi[i] = brow[i] ? to_f32(brow[i][g]) : 0.0f;
       }
+      const float xsum = chunk_xsum(xs + c * kChunkPad);
 #pragma unroll
       for (int i = 0; i < RPW; ++i) {
-        float xsum;
-        const float qx = chunk_dot<BITS>(wd[i], xs + c * kChunkPad, xsum);
+        const float qx = chunk_qx<BITS>(wd[i], xs + c * kChunkPad);
         acc[i] = chunk_fma(sc[i], bi[i], qx, xsum, acc[i]);
       }
     }
@@ -289,16 +292,46 @@ void launch_quant(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a) {
   }
 }
 
-// Rows per warp: several for the large products of 4- and 8-bit weights (MOECEL_CUDA_GEMV_ROWS forces 1, 2 or 4;
-// results do not depend on it: each row's sum is the same).
-int rows_per_warp(const Ctx& ctx, const GemvArgs& a, int64_t n_pairs) {
-  const int bits = a.w[0].bits;
-  if (bits != 4 && bits != 8) return 1;
-  if (ctx.gemv_rows > 0) return ctx.gemv_rows;
-  int64_t rows = 0;
-  for (int i = 0; i < a.n_parts; ++i) rows += a.w[i].out;
-  const int64_t work = rows * n_pairs;
-  return work >= 16384 ? 4 : work >= 4096 ? 2 : 1;
+// Blocks of qgemv_kernel<BITS, ST, RPW> that fit on one SM at once.
+template <int BITS, int RPW>
+int blocks_per_sm(FloatType st, size_t smem) {
+  int n = 0;
+  switch (st) {
+    case FloatType::kF32:
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemv_kernel<BITS, float, RPW>, kThreads, smem));
+      break;
+    case FloatType::kF16:
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemv_kernel<BITS, __half, RPW>, kThreads, smem));
+      break;
+    case FloatType::kBF16:
+      CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemv_kernel<BITS, __nv_bfloat16, RPW>, kThreads, smem));
+      break;
+  }
+  return n;
+}
+
+int64_t grid_blocks(const GemvArgs& a, int64_t n_pairs, int rpw) {
+  int64_t blocks = 0;
+  for (int i = 0; i < a.n_parts; ++i) blocks += (a.w[i].out + kWarps * rpw - 1) / (kWarps * rpw);
+  return blocks * n_pairs;
+}
+
+// Rows per warp for 4- and 8-bit weights: the fewest (most blocks, fewest registers) with which the whole grid is
+// resident at once, so that every block's weights are loaded before the wait for the previous kernel (a second
+// wave would load only after the first finished); 4 for products too large for one wave. MOECEL_CUDA_GEMV_ROWS
+// forces 1, 2 or 4. Results do not depend on it: each row's sum is the same.
+template <int BITS>
+int rows_per_warp(const Ctx& ctx, const GemvArgs& a, int64_t n_pairs, size_t smem) {
+  if constexpr (BITS != 4 && BITS != 8) {
+    return 1;
+  } else {
+    if (ctx.gemv_rows > 0) return ctx.gemv_rows;
+    const int64_t sms = std::max(ctx.sm_count, 1);
+    if (grid_blocks(a, n_pairs, 1) <= blocks_per_sm<BITS, 1>(a.w[0].stype, smem) * sms) return 1;
+    if (grid_blocks(a, n_pairs, 2) <= blocks_per_sm<BITS, 2>(a.w[0].stype, smem) * sms) return 2;
+    return 4;
+  }
 }
 
 template <int BITS>
@@ -316,7 +349,9 @@ bool launch_gemv_args(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
   const bool quant = w.bits != 0;
   const size_t smem = quant ? size_t(w.in / kChunk) * kChunkPad * sizeof(float) : size_t(w.in) * sizeof(float);
   if (smem > size_t(ctx.max_smem_optin)) return false;  // x does not fit: the tiled kernel takes it
-  const int rpw = quant ? rows_per_warp(ctx, a, n_pairs) : 1;
+  int rpw = 1;
+  if (w.bits == 4) rpw = rows_per_warp<4>(ctx, a, n_pairs, smem);
+  if (w.bits == 8) rpw = rows_per_warp<8>(ctx, a, n_pairs, smem);
   int64_t blocks = 0;
   for (int i = 0; i < a.n_parts; ++i) {
     CUDA_REQUIRE(a.w[i].in == w.in && a.w[i].bits == w.bits && a.w[i].stype == w.stype && a.w[i].wtype == w.wtype,
@@ -328,8 +363,9 @@ bool launch_gemv_args(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
   if (blocks == 0) return true;
   const dim3 grid{unsigned(blocks), unsigned(n_pairs)};
   if (quant) {
-    CUDA_REQUIRE(w.in % kChunk == 0 && w.group_size % kChunk == 0 && w.group_size > 0,
-                 "gemv: quantized rows need in and group_size multiples of 32");
+    CUDA_REQUIRE(w.in % kChunk == 0 && w.group_size % kChunk == 0 && w.group_size > 0 &&
+                     ((w.group_size / kChunk) & (w.group_size / kChunk - 1)) == 0,
+                 "gemv: quantized rows need in a multiple of 32 and group_size 32 * 2^n");
     for (int i = 0; i < a.n_parts; ++i) {
       CUDA_REQUIRE(reinterpret_cast<uintptr_t>(a.w[i].w) % 16 == 0, "gemv: packed weight not 16-byte aligned");
       CUDA_REQUIRE(a.w[i].group_size == w.group_size, "gemv: the parts of one launch must share the group size");
