@@ -1,0 +1,100 @@
+// Internals of CudaBackend shared by its .cpp files (host compiler only): the backend's state (Impl), the host-side
+// checks every op runs before a launch, and the environment knobs.
+// Used by: cuda_backend.cpp (setup, memory, graphs, plain ops), cuda_backend_decode.cpp (decode fusions, fused
+// MoE, argmax, family ops), cuda_checks.cpp (the checks).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_memory.h"
+#include "backend/cuda/qmatmul.cuh"
+#include "core/error.h"
+
+namespace moecel {
+namespace cuda_host {
+
+// The float type of a weight / norm tensor, or an error naming `what`.
+cuda::FloatType float_type(DType t, const std::string& what);
+// The tensor is on the device (and has data unless empty).
+void check_dev(const Tensor& t, const char* what);
+// ... and is F32.
+void check_f32(const Tensor& t, const char* what);
+// The tensor holds rows x cols elements.
+void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what);
+// Kernels that stage inputs in shared memory must not write their own input.
+void check_no_overlap(const Tensor& a, const Tensor& b, const char* what);
+// The CPU backend's weight checks (cpu/matmul.cpp), for device weights, turned into raw pointers.
+cuda::WeightView weight_view(const LinearWeight& w, const char* op);
+// An integer environment knob: `fallback` when unset, else one of `allowed` (anything else is an error naming it).
+int knob_from_env(const char* name, int fallback, std::initializer_list<int> allowed);
+
+}  // namespace cuda_host
+
+// Host <-> device words of a decode-graph replay (pinned, so the async copies read / write them directly).
+struct StepIo {
+  int64_t pos;
+  int32_t id, next;
+};
+
+struct CudaBackend::Impl {
+  cuda::Ctx ctx;
+  // Launch-width knobs of the fused path, read once per backend (results do not depend on them):
+  // MOECEL_CUDA_FUSED_ROWS (rows per warp of kernel A: 1, 2, 4; 0 = the pipelined grid-stride kernel A),
+  // MOECEL_CUDA_FUSED_DOWN_ROWS (kernel B: 1, 2) and MOECEL_CUDA_FUSED_SLOTS (slots kernel B stages at once).
+  int fused_rows_per_warp = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_ROWS", 2, {0, 1, 2, 4});
+  int fused_down_rows_per_warp = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_DOWN_ROWS", 1, {1, 2});
+  int fused_slot_batch = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_SLOTS", 4, {1, 2, 4, 8});
+  // Decode-step fusions (bit 1: rms_norm_linears, 2: linear_residual, 4: rms_norm_router's norm, 8: its top-k in
+  // the same launch); for measuring what each saves. Results do not depend on them.
+  int fusions =
+      cuda_host::knob_from_env("MOECEL_CUDA_FUSIONS", 7, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+  bool fused_b_prefetch = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_B_PREFETCH", 1, {0, 1}) == 1;
+  std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();
+  unsigned* flag_host = nullptr;    // mapped pinned word the kernels raise DeviceError bits in
+  int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)
+  unsigned* counter_dev = nullptr;  // ctx.block_counter
+  StepIo* io_host = nullptr;        // pinned
+  bool capturing = false;
+  std::vector<std::shared_ptr<void>> captured;  // blocks handed out while recording: reserved for the graph
+
+  ~Impl() {  // errors ignored: this may run while the process exits
+    if (ctx.stream) {
+      cudaStreamSynchronize(ctx.stream);
+      cudaStreamDestroy(ctx.stream);
+    }
+    if (flag_host) cudaFreeHost(flag_host);
+    if (io_host) cudaFreeHost(io_host);
+    if (step_pos_dev) cudaFree(step_pos_dev);
+    if (counter_dev) cudaFree(counter_dev);
+    cudaGetLastError();
+  }
+
+  void sync() {
+    MOECEL_CHECK(!capturing, "CUDA backend: an op waited for the device while a decode graph was being recorded");
+    CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+    const unsigned e = __atomic_exchange_n(flag_host, 0u, __ATOMIC_SEQ_CST);
+    if (e == 0) return;
+    std::string what;
+    if (e & cuda::kErrTokenId) what += "a token id outside the vocabulary (embedding)";
+    if (e & cuda::kErrExpertIndex)
+      what += std::string(what.empty() ? "" : "; ") + "an expert index outside [0, n_experts) (gather_linear)";
+    fail("CUDA backend: a kernel was given bad input: {}; the affected outputs are NaN", what);
+  }
+
+  // Every device block of an op goes through here: while recording, the graph keeps it.
+  std::shared_ptr<void> get(size_t bytes) {
+    std::shared_ptr<void> p = pool->get(bytes);
+    if (capturing) captured.push_back(p);
+    return p;
+  }
+  std::shared_ptr<void> scratch(size_t bytes) { return get(std::max<size_t>(bytes, 16)); }
+};
+
+}  // namespace moecel

@@ -1,0 +1,107 @@
+// Host-side checks of CudaBackend's ops (cuda_backend_impl.h): each names the op, the tensor or weight and what was
+// expected, mirroring the CPU backend's messages.
+// (src/backend/**/*.cpp is globbed into moecel_lib even without CUDA, hence the guard.)
+#if defined(MOECEL_HAVE_CUDA)
+#include <cstdlib>
+
+#include "backend/cuda/cuda_backend_impl.h"
+
+namespace moecel::cuda_host {
+
+using cuda::FloatType;
+
+FloatType float_type(DType t, const std::string& what) {
+  switch (t) {
+    case DType::kF32: return FloatType::kF32;
+    case DType::kF16: return FloatType::kF16;
+    case DType::kBF16: return FloatType::kBF16;
+    default: fail("{}: expected an F32, F16 or BF16 tensor, got {}", what, dtype_name(t));
+  }
+}
+
+void check_dev(const Tensor& t, const char* what) {
+  MOECEL_CHECK(t.device == Device::kCuda,
+               "{}: tensor {} is in host memory; the CUDA backend needs it on the device "
+               "(alloc / to_device)",
+               what, shape_str(t.shape));
+  MOECEL_CHECK(t.data != nullptr || t.numel() == 0, "{}: tensor {} has no data", what, shape_str(t.shape));
+}
+
+void check_f32(const Tensor& t, const char* what) {
+  check_dev(t, what);
+  MOECEL_CHECK(t.dtype == DType::kF32, "{}: expected an F32 tensor, got {}", what, dtype_name(t.dtype));
+}
+
+void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
+  MOECEL_CHECK(t.numel() == rows * cols, "{}: expected {} elements ({} x {}), got shape {}", what, rows * cols, rows,
+               cols, shape_str(t.shape));
+}
+
+void check_no_overlap(const Tensor& a, const Tensor& b, const char* what) {
+  const char* pa = static_cast<const char*>(a.data);
+  const char* pb = static_cast<const char*>(b.data);
+  const bool overlap = a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
+  MOECEL_CHECK(!overlap, "{}: the output must not overlap the input", what);
+}
+
+cuda::WeightView weight_view(const LinearWeight& w, const char* op) {
+  const std::string& n = w.name;
+  MOECEL_CHECK(w.weight.device == Device::kCuda, "{}: weight {} is in host memory; upload it with to_device", op, n);
+  MOECEL_CHECK(w.out >= 0 && w.in > 0, "{}: weight {} has bad shape out={} in={}", op, n, w.out, w.in);
+  MOECEL_CHECK(w.n_stack >= 0, "{}: weight {} has n_stack {}", op, n, w.n_stack);
+  const Shape lead = w.n_stack > 0 ? Shape{w.n_stack} : Shape{};
+  auto expect = [&](const Tensor& t, const char* what, int64_t cols) {
+    Shape want = lead;
+    want.push_back(w.out);
+    want.push_back(cols);
+    MOECEL_CHECK(t.shape == want, "{}: {}.{}: expected shape {}, got {}", op, n, what, shape_str(want),
+                 shape_str(t.shape));
+    MOECEL_CHECK(t.numel() == 0 || t.data != nullptr, "{}: {}.{} has no data", op, n, what);
+    MOECEL_CHECK(t.device == Device::kCuda, "{}: {}.{} is in host memory; upload it with to_device", op, n, what);
+  };
+  cuda::WeightView v;
+  v.n_stack = std::max<int64_t>(1, w.n_stack);
+  v.out = w.out;
+  v.in = w.in;
+  v.w = w.weight.data;
+  if (!w.quantized()) {
+    v.wtype = float_type(w.weight.dtype, fmt::format("{}: dense weight {}", op, n));
+    expect(w.weight, "weight", w.in);
+    return v;
+  }
+  MOECEL_CHECK(valid_bits(w.bits) && valid_group_size(w.group_size),
+               "{}: weight {}: unsupported quantization bits={} group_size={}", op, n, w.bits, w.group_size);
+  MOECEL_CHECK(w.in % w.group_size == 0 && (w.in * w.bits) % 32 == 0,
+               "{}: weight {}: in={} is not a multiple of group_size {} and 32/bits", op, n, w.in, w.group_size);
+  MOECEL_CHECK(w.weight.dtype == DType::kU32, "{}: {}.weight must be U32 packed, got {}", op, n,
+               dtype_name(w.weight.dtype));
+  expect(w.weight, "weight", w.in * w.bits / 32);
+  MOECEL_CHECK(reinterpret_cast<uintptr_t>(w.weight.data) % 16 == 0,
+               "{}: {}.weight is not 16-byte aligned on the device (upload it with to_device)", op, n);
+  v.stype = float_type(w.scales.dtype, fmt::format("{}: {}.scales", op, n));
+  expect(w.scales, "scales", w.in / w.group_size);
+  v.scales = w.scales.data;
+  if (w.biases.data != nullptr) {
+    MOECEL_CHECK(w.biases.dtype == w.scales.dtype, "{}: {}.biases dtype {} differs from scales dtype {}", op, n,
+                 dtype_name(w.biases.dtype), dtype_name(w.scales.dtype));
+    expect(w.biases, "biases", w.in / w.group_size);
+    v.biases = w.biases.data;
+  }
+  v.bits = w.bits;
+  v.group_size = w.group_size;
+  return v;
+}
+
+int knob_from_env(const char* name, int fallback, std::initializer_list<int> allowed) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  std::string list;
+  for (int a : allowed) {
+    if (std::to_string(a) == v) return a;
+    list += (list.empty() ? "" : ", ") + std::to_string(a);
+  }
+  fail("{}='{}': expected one of {}", name, v, list);
+}
+
+}  // namespace moecel::cuda_host
+#endif  // MOECEL_HAVE_CUDA
