@@ -1,6 +1,6 @@
 // The shared decoder skeleton: config fields, weight binding of the attention backbone, and the forward pass
 // that calls each family's feed-forward block. Semantics follow transformers' Llama-style decoders
-// (modeling_qwen2_moe.py, modeling_qwen3_moe.py, modeling_mixtral.py, modeling_dots1.py).
+// (modeling_olmoe.py, modeling_qwen2_moe.py, modeling_qwen3_moe.py, modeling_mixtral.py, modeling_dots1.py).
 #include "models/decoder.h"
 
 #include <algorithm>
@@ -41,6 +41,10 @@ DecoderConfig::DecoderConfig(const ModelConfig& c, double default_eps, double de
 DecoderTensorShape DecoderConfig::test_shape(const AttentionOptions& opt) const {
   DecoderTensorShape d{vocab_size, hidden_size, n_layers, n_heads * head_dim, n_kv_heads * head_dim};
   if (opt.qk_norm) d.q_norm = d.k_norm = head_dim;
+  if (opt.qk_norm_full) {
+    d.q_norm = n_heads * head_dim;
+    d.k_norm = n_kv_heads * head_dim;
+  }
   d.qkv_bias = opt.qkv_bias;
   d.o_bias = opt.o_bias;
   return d;
@@ -169,7 +173,24 @@ Tensor route_topk(Backend& be, const LinearWeight& router, const SwitchGLU& expe
   return experts.forward(be, xn, idx, w);
 }
 
+void routed_feed_forward_add(Backend& be, const LinearWeight& router, const SwitchGLU& experts, RouterScoring scoring,
+                             int64_t k, bool renormalize, const Tensor& post_norm, float eps, Tensor& x, Tensor& xn) {
+  const int64_t n = x.dim(0);
+  Tensor logits = be.scratch(DType::kF32, {n, router.out});
+  Tensor idx = be.scratch(DType::kI32, {n, k}), w = be.scratch(DType::kF32, {n, k});
+  be.rms_norm_router(x, post_norm, eps, router, scoring, int(k), renormalize, xn, logits, idx, w);
+  experts.forward_add(be, xn, idx, w, x);
+}
+
+void DecoderModel::feed_forward_add(Backend& be, size_t layer, const Tensor& post_norm, float eps, Tensor& x,
+                                    Tensor& xn) const {
+  be.rms_norm(x, post_norm, eps, xn);
+  const Tensor f = feed_forward(be, layer, xn);
+  be.add(x, f, x);
+}
+
 void DecoderModel::load_backbone(WeightLoader& wl, const AttentionOptions& opt, const std::vector<int>& windows) {
+  opt_ = opt;
   const int64_t h = dc_.hidden_size, qw = dc_.n_heads * dc_.head_dim, kw = dc_.n_kv_heads * dc_.head_dim;
   MOECEL_CHECK(int64_t(windows.size()) == dc_.n_layers, "decoder: {} layer windows for {} layers", windows.size(),
                dc_.n_layers);
@@ -191,9 +212,9 @@ void DecoderModel::load_backbone(WeightLoader& wl, const AttentionOptions& opt, 
       ly.v_bias = wl.vector(a + "v_proj.bias", kw);
     }
     if (opt.o_bias) ly.o_bias = wl.vector(a + "o_proj.bias", h);
-    if (opt.qk_norm) {
-      ly.q_norm = wl.vector(a + "q_norm.weight", dc_.head_dim);
-      ly.k_norm = wl.vector(a + "k_norm.weight", dc_.head_dim);
+    if (opt.qk_norm || opt.qk_norm_full) {
+      ly.q_norm = wl.vector(a + "q_norm.weight", opt.qk_norm_full ? qw : dc_.head_dim);
+      ly.k_norm = wl.vector(a + "k_norm.weight", opt.qk_norm_full ? kw : dc_.head_dim);
     }
     ly.window = windows[size_t(l)];
     layers_.push_back(std::move(ly));
@@ -243,13 +264,23 @@ Tensor DecoderModel::forward_device(const Tensor& tok, KvCache& cache, bool all_
       be.add_bias(k, ly.k_bias);
       be.add_bias(v, ly.v_bias);
     }
-    if (ly.q_norm.data) {  // per head: the norm weight has head_dim elements, so every head is one row
-      be.rms_norm(q, ly.q_norm, eps, q);
-      be.rms_norm(k, ly.k_norm, eps, k);
+    if (opt_.qk_norm_full && opt_.clip_qkv <= 0) {  // norms over the whole width, rope and cache store in one op
+      be.qk_norm_rope_store(q, k, v, ly.q_norm, ly.k_norm, eps, n_heads, n_kv_heads, head_dim, head_dim, theta,
+                            cache.k[l], cache.v[l], pos0);
+    } else {
+      if (ly.q_norm.data) {  // rows of the norm weight's width: one per head, or the whole projection
+        be.rms_norm(q, ly.q_norm, eps, q);
+        be.rms_norm(k, ly.k_norm, eps, k);
+      }
+      if (opt_.clip_qkv > 0) {
+        be.clamp(q, float(opt_.clip_qkv));
+        be.clamp(k, float(opt_.clip_qkv));
+        be.clamp(v, float(opt_.clip_qkv));
+      }
+      be.rope(q, pos0, n_heads, head_dim, head_dim, theta);
+      be.rope(k, pos0, n_kv_heads, head_dim, head_dim, theta);
+      be.kv_store(k, v, cache.k[l], cache.v[l], pos0);
     }
-    be.rope(q, pos0, n_heads, head_dim, head_dim, theta);
-    be.rope(k, pos0, n_kv_heads, head_dim, head_dim, theta);
-    be.kv_store(k, v, cache.k[l], cache.v[l], pos0);
     be.attention(q, cache.k[l], cache.v[l], pos0, n_heads, n_kv_heads, head_dim, scale, ly.window, att);
     if (ly.o_bias.data) {
       be.linear(ly.o_proj, att, o);
@@ -259,9 +290,7 @@ Tensor DecoderModel::forward_device(const Tensor& tok, KvCache& cache, bool all_
       be.linear_residual(ly.o_proj, att, x);
     }
     // feed-forward: x += ffn(post_attention_layernorm(x))
-    be.rms_norm(x, ly.post_norm, eps, xn);
-    Tensor f = feed_forward(be, l, xn);
-    be.add(x, f, x);
+    feed_forward_add(be, l, ly.post_norm, eps, x, xn);
   }
   Tensor last = all_logits ? x : x.slice_rows(n - 1, n);
   Tensor normed = be.scratch(DType::kF32, last.shape);

@@ -2,7 +2,7 @@
 // `h = x + attn(input_layernorm(x))` and `x = h + ffn(post_attention_layernorm(h))`, final norm, lm_head.
 // Attention takes optional q/k/v/o biases, per-head q/k RMSNorm and a per-layer sliding window; the family file
 // supplies the config, its feed-forward blocks (routed experts through SwitchGLU) and the weight names; the pieces
-// below that several families read or run alike live here once. Used by: qwen2_moe, qwen3_moe, mixtral, dots1.
+// below that several families read or run alike live here once. Used by: olmoe, qwen2_moe, qwen3_moe, mixtral, dots1.
 #pragma once
 #include <functional>
 #include <initializer_list>
@@ -21,9 +21,11 @@ namespace moecel {
 
 // Which optional attention weights a family's checkpoints carry.
 struct AttentionOptions {
-  bool qkv_bias = false;  // {q,k,v}_proj.bias
-  bool o_bias = false;    // o_proj.bias
-  bool qk_norm = false;   // self_attn.{q,k}_norm.weight (head_dim,), applied per head before rotary
+  bool qkv_bias = false;      // {q,k,v}_proj.bias
+  bool o_bias = false;        // o_proj.bias
+  bool qk_norm = false;       // self_attn.{q,k}_norm.weight (head_dim,), applied per head before rotary
+  bool qk_norm_full = false;  // self_attn.{q,k}_norm.weight over the whole q / k projection width (OLMoE)
+  double clip_qkv = 0.0;      // q, k, v clamped to [-clip_qkv, clip_qkv] after the norms (OLMoE); 0: none
 };
 
 // The fields every decoder family reads, by their HF names.
@@ -81,6 +83,13 @@ std::vector<int> layer_windows(const ModelConfig& c, int64_t n_layers, int64_t s
 Tensor route_topk(Backend& be, const LinearWeight& router, const SwitchGLU& experts, const Tensor& xn,
                   RouterScoring scoring, int64_t k, bool renormalize);
 
+// The feed-forward half of a layer whose block is a router and routed experts only: x += experts(xn, top-k of
+// router(xn)) with xn = rms_norm(x, post_norm) written to `xn`, through Backend::rms_norm_router and
+// SwitchGLU::forward_add (the same ops and rounding as rms_norm, route_topk and add, in fewer launches).
+// x, xn (n_tokens, hidden_size).
+void routed_feed_forward_add(Backend& be, const LinearWeight& router, const SwitchGLU& experts, RouterScoring scoring,
+                             int64_t k, bool renormalize, const Tensor& post_norm, float eps, Tensor& x, Tensor& xn);
+
 // Per-layer feed-forward weights of a family whose layers are each a dense MLP or a MoE block (with a member
 // `experts`), and the byte counts DecoderModel::fill_info takes.
 template <class Block>
@@ -127,17 +136,23 @@ class DecoderModel : public Model {
   // The family's feed-forward block of `layer`: xn (n_tokens, hidden_size) = post_attention_layernorm(h)
   // -> a new (n_tokens, hidden_size) tensor (never xn itself).
   virtual Tensor feed_forward(Backend& be, size_t layer, const Tensor& xn) const = 0;
+  // The whole feed-forward half of `layer`: x += feed_forward(rms_norm(x, post_norm)), with xn (n_tokens,
+  // hidden_size) as scratch for the normalized input. A family whose block is routed experts only overrides it
+  // with routed_feed_forward_add.
+  virtual void feed_forward_add(Backend& be, size_t layer, const Tensor& post_norm, float eps, Tensor& x,
+                                Tensor& xn) const;
   // Fills info_. ffn_total: bytes of every feed-forward weight; ffn_active: the bytes one decode token reads.
   void fill_info(const ModelConfig& c, int64_t n_moe_layers, size_t ffn_total, size_t ffn_active);
 
   DecoderConfig dc_;
 
  private:
+  AttentionOptions opt_;
   struct Layer {
     Tensor input_norm, post_norm;  // (hidden_size,)
     LinearWeight q_proj, k_proj, v_proj, o_proj;
     Tensor q_bias, k_bias, v_bias, o_bias;  // (width,) or empty
-    Tensor q_norm, k_norm;                  // (head_dim,) or empty
+    Tensor q_norm, k_norm;                  // (head_dim,), (q / k width,) with qk_norm_full, or empty
     int window = 0;
   };
   size_t attention_bytes(const Layer& ly) const;

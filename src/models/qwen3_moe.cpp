@@ -61,6 +61,13 @@ class Qwen3Moe final : public DecoderModel {
     return route_topk(be, b.router, b.experts, xn, RouterScoring::kSoftmax, cfg_.n_experts_per_tok,
                       cfg_.norm_topk_prob);
   }
+  void feed_forward_add(Backend& be, size_t l, const Tensor& post_norm, float eps, Tensor& x,
+                        Tensor& xn) const override {
+    if (!cfg_.moe_layer[l]) return DecoderModel::feed_forward_add(be, l, post_norm, eps, x, xn);
+    const MoeBlock& b = ffn_.moe[l];
+    routed_feed_forward_add(be, b.router, b.experts, RouterScoring::kSoftmax, cfg_.n_experts_per_tok,
+                            cfg_.norm_topk_prob, post_norm, eps, x, xn);
+  }
 
  private:
   Qwen3MoeConfig cfg_;
