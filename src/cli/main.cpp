@@ -34,11 +34,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const moecel::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const std::exception& e) {  // moecel::Error and anything else: one printable line
+    std::fprintf(stderr, "error: %s\n", moecel::printable_message(e.what()).c_str());
     return 1;
   }
   return 0;

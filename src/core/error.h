@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace moecel {
 
@@ -12,6 +13,11 @@ class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// The message as one printable line: control characters (a newline or escape sequence carried in from a config
+// key, a tensor name or a prompt) become \n, \r, \t or \xNN, and a backslash is kept as it is. Bytes of 0x80 and
+// above (UTF-8) are kept. The CLI prints every error through this, so an input cannot forge or split lines.
+std::string printable_message(std::string_view message);
 
 template <class... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {

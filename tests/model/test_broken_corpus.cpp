@@ -325,6 +325,11 @@ std::vector<BrokenCase> cases() {
   c.push_back({"model_type_wrong_type",
                [](const std::string& d) { edit_config(d, [](json& j) { j["model_type"] = 42; }); },
                {"config.json", "'model_type' must be a string"}});
+  c.push_back({"model_type_with_control_characters",  // printed escaped: no forged second line, no terminal codes
+               [](const std::string& d) {
+                 edit_config(d, [](json& j) { j["model_type"] = "olmoe\nerror: forged\x1b[2J\tend"; });
+               },
+               {"unknown model_type 'olmoe\\nerror: forged\\x1B[2J\\tend'"}});
   c.push_back({"hidden_size_string",
                [](const std::string& d) { edit_config(d, [](json& j) { j["hidden_size"] = "128"; }); },
                {"config.json", "'hidden_size' must be an integer", "\"128\""}});

@@ -79,5 +79,14 @@ TEST(Hardening, JinjaIntFilterOutOfRangeIsAnError) {
   EXPECT_EQ(render("{{ '42' | int }} {{ 2.9 | int }} {{ -2.9 | int }} {{ 'x' | int(7) }}"), "42 2 -2 7");
 }
 
+// The CLI prints every error through printable_message: a newline or terminal escape carried in by input (a config
+// key or value, a prompt) must not split the "error:" line or reach the terminal raw.
+TEST(Hardening, ErrorMessagesPrintAsOneLine) {
+  EXPECT_EQ(printable_message("unknown model_type 'a\nerror: b'"), "unknown model_type 'a\\nerror: b'");
+  EXPECT_EQ(printable_message(std::string("x\r\t\x1b[2J\x7f\x01") + '\0' + "y"), "x\\r\\t\\x1B[2J\\x7F\\x01\\x00y");
+  EXPECT_EQ(printable_message("caf\xc3\xa9 \\n stays"), "caf\xc3\xa9 \\n stays");  // UTF-8 and backslashes kept
+  EXPECT_EQ(printable_message(""), "");
+}
+
 }  // namespace
 }  // namespace moecel
