@@ -133,6 +133,9 @@ class Backend {
     const std::vector<int32_t> v = argmax(logits);
     from_host(v.data(), ids);
   }
+  // Bytes free on this backend's device for weights; UINT64_MAX when the backend uses host memory (load_model
+  // checks that separately).
+  virtual uint64_t device_free_bytes() const { return UINT64_MAX; }
   // Waits for queued work (no-op on CPU).
   virtual void synchronize() {}
 

@@ -55,6 +55,20 @@ void check_memory_fits(uint64_t needed_bytes, const std::string& what) {
        format_bytes(needed_bytes), format_bytes(avail.bytes), avail.source);
 }
 
+void check_device_memory_fits(uint64_t needed_bytes, uint64_t device_free, const std::string& device,
+                              const std::string& what) {
+  AvailableMemory avail{device_free, "free on the device"};
+  if (const char* env = std::getenv("MOECEL_MEMORY_LIMIT_BYTES"); env && *env) {
+    const AvailableMemory limit = available_memory();  // parses and validates the variable
+    if (limit.bytes < avail.bytes) avail = limit;
+  }
+  if (needed_bytes <= avail.bytes) return;
+  fail(
+      "{} needs {} of {} memory for its weights, but only {} are free ({}); use a smaller checkpoint or another "
+      "backend",
+      what, format_bytes(needed_bytes), device, format_bytes(avail.bytes), avail.source);
+}
+
 uint64_t store_tensor_bytes(const WeightStore& store) {
   uint64_t total = 0;
   for (const auto& [name, t] : store.all()) {

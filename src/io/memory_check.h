@@ -25,6 +25,11 @@ std::string format_bytes(uint64_t bytes);
 // available memory.
 void check_memory_fits(uint64_t needed_bytes, const std::string& what);
 
+// The same for weights that go to a device: `device_free` bytes free there (from the backend), capped by
+// MOECEL_MEMORY_LIMIT_BYTES when set. Throws "WHAT needs N of DEVICE memory ..., but only M are free (SOURCE)".
+void check_device_memory_fits(uint64_t needed_bytes, uint64_t device_free, const std::string& device,
+                              const std::string& what);
+
 // Sum of the byte sizes of every tensor in the store: what the weights take once resident.
 uint64_t store_tensor_bytes(const WeightStore& store);
 

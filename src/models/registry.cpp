@@ -46,10 +46,16 @@ std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend) {
   ModelConfig config = ModelConfig::load(dir);
   const Architecture& arch = find_architecture(config.model_type());
   WeightStore store = WeightStore::open_folder(dir);
-  // CPU weights stay resident (mmap views or aligned copies). Device memory (--backend cuda) is not checked yet.
-  if (backend.name() == "cpu") check_memory_fits(store_tensor_bytes(store), "model folder " + dir);
+  // CPU weights stay resident (mmap views or aligned copies); a device backend copies them to its memory.
+  const uint64_t weight_bytes = store_tensor_bytes(store);
+  if (backend.device() == Device::kCpu) {
+    check_memory_fits(weight_bytes, "model folder " + dir);
+  } else {
+    check_device_memory_fits(weight_bytes, backend.device_free_bytes(), std::string(backend.name()) + " device",
+                             "model folder " + dir);
+  }
   // Uploading a large checkpoint to a device takes seconds: a progress line on stderr (terminals only).
-  ByteProgress progress("loading weights", backend.device() == Device::kCpu ? 0 : store_tensor_bytes(store));
+  ByteProgress progress("loading weights", backend.device() == Device::kCpu ? 0 : weight_bytes);
   ScopedLoadProgress scope(progress);
   std::unique_ptr<Model> model = arch.load(ModelContext{config, store, backend});
   progress.finish();

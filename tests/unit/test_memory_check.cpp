@@ -87,6 +87,19 @@ TEST(MemoryCheck, MessageSaysNeededAndAvailable) {
                "(MOECEL_MEMORY_LIMIT_BYTES)");
 }
 
+// Weights for a device backend are checked against the device's free memory (capped by the override).
+TEST(MemoryCheck, DeviceMessageSaysNeededAndFree) {
+  ::unsetenv("MOECEL_MEMORY_LIMIT_BYTES");
+  check_device_memory_fits(4096, 4096, "cuda device", "fits exactly");
+  expect_error([] { check_device_memory_fits(uint64_t(3) << 30, uint64_t(1) << 30, "cuda device", "model folder X"); },
+               "model folder X needs 3.00 GiB (3221225472 bytes) of cuda device memory for its weights, but only "
+               "1.00 GiB (1073741824 bytes) are free (free on the device)");
+  ScopedEnv env("MOECEL_MEMORY_LIMIT_BYTES", "1000");
+  expect_error([] { check_device_memory_fits(2048, uint64_t(1) << 30, "cuda device", "model folder Y"); },
+               "only 1000 bytes are free (MOECEL_MEMORY_LIMIT_BYTES)");
+  check_device_memory_fits(900, uint64_t(1) << 30, "cuda device", "under the cap");
+}
+
 // A misaligned tensor must be copied at open; a 1 TiB one fails before the copy is attempted (without the check
 // the allocation would fail or, with overcommit, the copy would be killed by the OOM killer).
 TEST(MemoryCheck, MisalignedHugeTensorFailsBeforeCopy) {

@@ -149,6 +149,12 @@ size_t CudaBackend::pool_cached_bytes() const {
   return impl_->pool->cached_bytes();
 }
 
+uint64_t CudaBackend::device_free_bytes() const {
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return uint64_t(free_b);
+}
+
 void CudaBackend::synchronize() {
   impl_->sync();
 }

@@ -65,6 +65,8 @@ class CudaBackend final : public Backend {
                        RouterScoring scoring, int k, bool renormalize, Tensor& xn, Tensor& logits, Tensor& indices,
                        Tensor& weights) override;
   void argmax_to(const Tensor& logits, Tensor& ids) override;
+  // cudaMemGetInfo's free bytes of this backend's device.
+  uint64_t device_free_bytes() const override;
   // Waits for the stream, then throws if a kernel flagged bad input (token id / expert index out of range).
   void synchronize() override;
   // Stream capture into a CUDA graph (see Backend::capture_decode).
