@@ -1,6 +1,6 @@
 // Matrix products of the CUDA backend for dense (F32/F16/BF16) and MLX affine-quantized weights:
 // linear (y = x @ w^T) and the gather path (MLX gather_qmm: one expert slice per (token, slot) pair).
-// Few tokens take the matrix-vector kernels (qgemv.cu: one warp per output row, x staged in shared memory);
+// Few tokens take the matrix-vector kernels (qgemv.cu: 1-4 output rows per warp, x staged in shared memory);
 // more take a tiled kernel (qgemm_mma.cu: tensor cores, 4-/8-bit and BF16 weights; qgemm.cu: CUDA cores, any
 // weight), where a weight tile staged in shared memory is reused by 64 tokens.
 // Used by: CudaBackend::linear, CudaBackend::gather_linear.
