@@ -186,32 +186,35 @@ static __global__ void empty_kernel() {
   pdl_enter();
 }
 
-// Launches `kernel` on the context's stream, with programmatic stream serialization when ctx.pdl is set. Every
-// kernel launched this way calls pdl_wait() before it touches memory that earlier kernels write.
-template <class... KArgs, class... Args>
-void launch_k(const Ctx& ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
-  for (int i = 0; i < ctx.extra_launches; ++i) {
-    cudaLaunchAttribute ea[1];
-    ea[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    ea[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t ec{};
-    ec.gridDim = dim3(1);
-    ec.blockDim = dim3(32);
-    ec.stream = ctx.stream;
-    ec.attrs = ea;
-    ec.numAttrs = ctx.pdl ? 1 : 0;
-    CUDA_CHECK(cudaLaunchKernelEx(&ec, empty_kernel));
-  }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+// A launch on the context's stream; `attr` receives the PDL attribute, which is used when ctx.pdl is set.
+inline cudaLaunchConfig_t launch_config(const Ctx& ctx, dim3 grid, dim3 block, size_t smem, cudaLaunchAttribute& attr) {
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = ctx.stream;
-  cfg.attrs = attr;
+  cfg.attrs = &attr;
   cfg.numAttrs = ctx.pdl ? 1 : 0;
+  return cfg;
+}
+
+// Launches `kernel` on the context's stream, with programmatic stream serialization when ctx.pdl is set, opting
+// into more than 48 KiB of dynamic shared memory when `smem` asks for it. Every kernel launched this way calls
+// pdl_wait() before it touches memory that earlier kernels write.
+template <class... KArgs, class... Args>
+void launch_k(const Ctx& ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  for (int i = 0; i < ctx.extra_launches; ++i) {
+    cudaLaunchAttribute ea;
+    const cudaLaunchConfig_t ec = launch_config(ctx, dim3(1), dim3(32), 0, ea);
+    CUDA_CHECK(cudaLaunchKernelEx(&ec, empty_kernel));
+  }
+  if (smem > 48 * 1024) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  }
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = launch_config(ctx, grid, block, smem, attr);
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

@@ -295,9 +295,6 @@ __global__ void __launch_bounds__(kThreads) fused_down_kernel(FusedMoeArgs a, un
 
 template <class Kernel>
 void launch_kernel(const Ctx& ctx, Kernel kernel, dim3 grid, size_t smem, const FusedMoeArgs& a) {
-  if (smem > 48 * 1024) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  }
   launch_k(ctx, kernel, grid, kThreads, smem, a, ctx.error_flag);
 }
 

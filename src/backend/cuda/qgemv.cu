@@ -280,9 +280,6 @@ __global__ void __launch_bounds__(kThreads) dense_gemv_kernel(GemvArgs a, bool v
 
 template <class Kernel, class... Args>
 void launch(const Ctx& ctx, Kernel kernel, dim3 grid, size_t smem, const Args&... args) {
-  if (smem > 48 * 1024) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  }
   launch_k(ctx, kernel, grid, kThreads, smem, args...);
 }
 
