@@ -3,6 +3,8 @@
 // moe_intermediate_size 1024), decode (1 token) and prefill (7, 64 tokens), odd shapes, and every
 // bits x group_size of the MLX affine format. Errors are normalized MSE: sum((cuda - cpu)^2) / sum(cpu^2).
 // Every test skips with "no CUDA device" on machines without a GPU; listing the tests never touches CUDA.
+#include <cstdlib>
+
 #include "backend_ops_common.h"
 
 namespace moecel {
@@ -162,6 +164,29 @@ INSTANTIATE_TEST_SUITE_P(AllFormats, QuantOps,
                            return "bits" + std::to_string(std::get<0>(info.param)) + "_group" +
                                   std::to_string(std::get<1>(info.param));
                          });
+
+// The tensor-core matrix-vector kernels for 4- and 8-bit weights (MOECEL_CUDA_DECODE_MMA=1, opt-in) against the
+// CPU: decode and few-token products, partial slices (in = 3 * group size) and partial row tiles (13, 70 rows).
+TEST_F(CudaOps, TensorCoreDecodeKernels) {
+  setenv("MOECEL_CUDA_DECODE_MMA", "1", 1);
+  CudaBackend mma;
+  unsetenv("MOECEL_CUDA_DECODE_MMA");
+  Rng rng(21);
+  for (int bits : {4, 8}) {
+    for (int gs : {32, 64, 128}) {
+      for (DType sd : {DType::kF32, DType::kF16, DType::kBF16}) {
+        const std::string what =
+            "tensor cores, bits " + std::to_string(bits) + " group " + std::to_string(gs) + " scales " + dtype_str(sd);
+        run_linear(*this, mma, make_quant(0, kHidden, kHidden, bits, gs, sd, rng), {1, 3}, rng, what);
+        run_linear(*this, mma, make_quant(0, 13, 3 * gs, bits, gs, sd, rng), {1, 2}, rng, what + " odd");
+        run_gather(*this, mma, make_quant(kExperts, kHidden, kFfn, bits, gs, sd, rng), kTopK, true, {1}, rng, what);
+        run_gather(*this, mma, make_quant(5, 70, 3 * gs, bits, gs, sd, rng), 3, false, {1, 4}, rng, what + " odd");
+      }
+    }
+  }
+  // Wider than 8 slices of 256: a warp takes several slices of a tile.
+  run_linear(*this, mma, make_quant(0, 40, 16384, 4, 64, DType::kF16, rng), {1}, rng, "tensor cores, 16384 wide");
+}
 
 TEST_F(CudaOps, DenseLinearAndGather) {
   Rng rng(4);

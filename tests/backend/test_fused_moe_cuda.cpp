@@ -74,6 +74,11 @@ TEST_P(FusedMoeCuda, MatchesReferenceGatherAndIsDeterministic) {
   EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=0")) << "the pipelined kernel A differs";
   EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_B_PREFETCH=0")) << "kernel B without prefetch differs";
   EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_PDL=0")) << "without programmatic dependent launch";
+  // With the tensor-core matrix-vector kernels (opt-in), both paths run them, and still agree bit for bit.
+  const std::vector<float> mma = run_cuda(p, c.act, true, "MOECEL_CUDA_DECODE_MMA=1");
+  for (float v : mma) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_LE(test::normalized_rms(mma, test::moe_reference(p, c.act)), 5e-4);
+  EXPECT_EQ(mma, run_cuda(p, c.act, false, "MOECEL_CUDA_DECODE_MMA=1")) << "tensor-core fused and gather paths differ";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -94,11 +99,15 @@ TEST_F(FusedMoeCuda, BadExpertIndexRaisesOnSync) {
   const Case c{4, 4, 64, 8, 256, 128, 2, Activation::kSiLU, DType::kBF16};
   Problem p = test::make_moe_problem(c, 5);
   p.idx[1] = 8;  // one past the last expert
-  try {
-    run_cuda(p, c.act, true);
-    FAIL() << "no error for an expert index out of range";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("expert"), std::string::npos) << e.what();
+  for (const std::string env : {"", "MOECEL_CUDA_DECODE_MMA=1"}) {
+    for (bool fused : {true, false}) {
+      try {
+        run_cuda(p, c.act, fused, env);
+        ADD_FAILURE() << "no error for an expert index out of range (" << env << (fused ? " fused)" : " gather)");
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("expert"), std::string::npos) << e.what();
+      }
+    }
   }
 }
 

@@ -39,6 +39,8 @@ struct Ctx {
   // Rows per warp of the matrix-vector kernel (MOECEL_CUDA_GEMV_ROWS: 1, 2 or 4; 0 = chosen by size).
   int gemv_rows = 0;
   int extra_launches = 0;  // MOECEL_CUDA_EXTRA_LAUNCHES (measurement only)
+  // Tensor-core matrix-vector kernels for 4-/8-bit weights (gemv_mma.cuh), MOECEL_CUDA_DECODE_MMA=1 (opt-in).
+  bool decode_mma = false;
   // A zeroed device counter for kernels that finish with a "last block" epilogue (each resets it on exit).
   unsigned* block_counter = nullptr;
 };
@@ -200,6 +202,10 @@ inline cudaLaunchConfig_t launch_config(const Ctx& ctx, dim3 grid, dim3 block, s
   return cfg;
 }
 
+// Dynamic shared memory above which a launch opts in explicitly. Below 48 KiB: the limit without opting in
+// covers static and dynamic shared memory together, and kernels have up to ~9 KiB of static shared memory.
+constexpr size_t kSmemOptInAbove = 32 * 1024;
+
 // Launches `kernel` on the context's stream, with programmatic stream serialization when ctx.pdl is set, opting
 // into more than 48 KiB of dynamic shared memory when `smem` asks for it. Every kernel launched this way calls
 // pdl_wait() before it touches memory that earlier kernels write.
@@ -210,7 +216,7 @@ void launch_k(const Ctx& ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block, s
     const cudaLaunchConfig_t ec = launch_config(ctx, dim3(1), dim3(32), 0, ea);
     CUDA_CHECK(cudaLaunchKernelEx(&ec, empty_kernel));
   }
-  if (smem > 48 * 1024) {
+  if (smem > kSmemOptInAbove) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
   cudaLaunchAttribute attr;

@@ -365,11 +365,13 @@ void launch_b(const Ctx& ctx, const FusedMoeArgs& a) {
 
 template <typename ST>
 void launch_typed(const Ctx& ctx, const FusedMoeArgs& a) {
-  if (a.gate.bits == 4) {
+  if (launch_fused_gate_up_mma(ctx, a)) {
+  } else if (a.gate.bits == 4) {
     launch_a<4, ST>(ctx, a);
   } else {
     launch_a<8, ST>(ctx, a);
   }
+  if (launch_fused_down_mma(ctx, a)) return;
   switch (a.down.bits) {
     case 4: launch_b<4, ST>(ctx, a); break;
     case 6: launch_b<6, ST>(ctx, a); break;

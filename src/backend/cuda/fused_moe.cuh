@@ -33,4 +33,9 @@ struct FusedMoeArgs {
 // and makes the output NaN.
 void launch_fused_moe(const Ctx& ctx, const FusedMoeArgs& a);
 
+// Internal: the tensor-core kernels A and B (fused_moe_mma.cu) for 4-/8-bit experts with group size 32, 64 or 128
+// (decode_mma_applies). Each returns false, launching nothing, where it does not apply.
+bool launch_fused_gate_up_mma(const Ctx& ctx, const FusedMoeArgs& a);
+bool launch_fused_down_mma(const Ctx& ctx, const FusedMoeArgs& a);
+
 }  // namespace moecel::cuda

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backend/cuda/mma_frag.cuh"
 #include "backend/cuda/qmatmul.cuh"
 
 namespace moecel::cuda {
@@ -93,55 +94,6 @@ struct MmaArgs {
   TileList tiles;  // tiles.order == nullptr: plain linear
   int64_t max_tiles;
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1; valid == false writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most N of this thread's most recent groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// D += A * B, m16n8k16, bf16 inputs, f32 accumulators (fragment layouts in the file comment).
-__device__ __forceinline__ void mma_bf16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
-  uint32_t u;
-  memcpy(&u, &v, 4);
-  return u;
-}
-
-// Nibbles j and j + 4 of a 4-bit word as centered codes q - 8 in a bf16x2 (low half: nibble j). 0x4300 | q is
-// the bf16 of 128 + q (q < 128 fills the mantissa of 2^7 exactly); one bf16x2 fma subtracts 136 exactly.
-__device__ __forceinline__ uint32_t q4_pair(uint32_t w, int j) {
-  const uint32_t v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
-  uint32_t r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));  // v * 1 - 136
-  return r;
-}
-
-// Byte j of lo and byte j of hi (8-bit codes) as centered codes q - 128 in a bf16x2: 0x4B000000 | q is the f32
-// 2^23 + q; subtracting 2^23 + 128 leaves q - 128 exactly, which has at most 8 significant bits, so the f32's
-// upper half is its exact bf16.
-__device__ __forceinline__ uint32_t q8_pair(uint32_t lo, uint32_t hi, int j) {
-  const float a = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7540u | unsigned(j))) - 8388736.0f;
-  const float b = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7540u | unsigned(j))) - 8388736.0f;
-  return __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x7632u);
-}
 
 // Values j and j + 4 of 8 consecutive bf16 (u.x = (v0, v1), ..., u.w = (v6, v7)) as bf16x2.
 __device__ __forceinline__ uint32_t bf16_pair(const uint4& u, int j) {
@@ -244,15 +196,10 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
       uint32_t h[4], m[4], l[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const __nv_bfloat162 hb = __floats2bfloat162_rn(v[j], v[j + 4]);
-        h[j] = bf16x2_bits(hb);
         if constexpr (SPLIT) {
-          // Both differences are exact in f32 (each subtrahend is the minuend rounded to 8 significant bits), and
-          // what is left after mid has at most 8 significant bits: x == hi + mid + lo.
-          const float r0 = v[j] - __low2float(hb), r1 = v[j + 4] - __high2float(hb);
-          const __nv_bfloat162 mb = __floats2bfloat162_rn(r0, r1);
-          m[j] = bf16x2_bits(mb);
-          l[j] = bf16x2_bits(__floats2bfloat162_rn(r0 - __low2float(mb), r1 - __high2float(mb)));
+          split3(v[j], v[j + 4], h[j], m[j], l[j]);  // x == hi + mid + lo exactly
+        } else {
+          h[j] = bf16x2_bits(__floats2bfloat162_rn(v[j], v[j + 4]));
         }
       }
       unsigned char* dst = xb + (st & 1) * L::kXbBuf + cp * (kBK * 2) + cc * 16;

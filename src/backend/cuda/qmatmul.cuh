@@ -26,6 +26,15 @@ struct WeightView {
   int group_size = 0;
 };
 
+// Whether the tensor-core matrix-vector kernels (gemv_mma.cuh) take this weight: 4 or 8 bits, group size 32, 64
+// or 128, a 16-byte aligned packed weight. The plain and the fused decode paths ask the same question of the
+// same weight, so they always run the same arithmetic.
+inline bool decode_mma_applies(const Ctx& ctx, const WeightView& w) {
+  return ctx.decode_mma && (w.bits == 4 || w.bits == 8) &&
+         (w.group_size == 32 || w.group_size == 64 || w.group_size == 128) && w.in > 0 && w.in % w.group_size == 0 &&
+         reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
+}
+
 // Up to this many tokens a weight slice is streamed once per token by the matrix-vector kernels.
 constexpr int64_t kGemvMaxTokens = 4;
 

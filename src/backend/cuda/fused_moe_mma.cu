@@ -1,0 +1,293 @@
+// Fused decode-MoE kernels on tensor cores, for 4- and 8-bit experts with group size 32, 64 or 128, opt-in with
+// MOECEL_CUDA_DECODE_MMA=1 (the building blocks and numerics: gemv_mma.cuh). Each row's dot product is computed
+// exactly as the gather path's tensor-core matrix-vector kernel computes it (qgemv_mma.cu: same tasks, same slice
+// order), and the activation and the slot-ordered weighted sum are the gather path's, so the two paths agree bit
+// for bit.
+//   Kernel A: resident blocks walk virtual blocks (slot, tile group); a block stages x once and runs the gate and
+//   up tasks; act[j, r] = glu(gate . x, up . x).
+//   Kernel B, grid (hidden row tiles): a block stages the act rows of its slots (in batches when they do not all
+//   fit in shared memory), runs the down tasks of every slot, and writes out[r] = residual[r] +
+//   sum_j weights[j] * (down[e_j][r] . act[j]) once. Its first tasks' weights are requested before the wait for
+//   kernel A (the indices are read through L2: they were final before kernel A started).
+#include <algorithm>
+
+#include "backend/cuda/fused_moe.cuh"
+#include "backend/cuda/gemv_mma.cuh"
+
+namespace moecel::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+
+// Shared memory (byte offsets, multiples of 16): slot_batch vectors' bf16 planes | their group sums | partial
+// sums | each warp's ring of weight stages.
+struct MoeMmaShape {
+  int tiles = 1;        // tiles of 16 rows per virtual block
+  int n_slices = 1;     // slices of the vector
+  int slot_batch = 1;   // kernel B: act rows staged at once
+  int vb_per_slot = 1;  // kernel A: virtual blocks per slot
+  size_t xsum = 0, part = 0, ring = 0, bytes = 0;
+};
+
+MoeMmaShape moe_shape(int64_t vec, int gs, int tiles, int slot_batch, int64_t part_vectors, int stage_bytes) {
+  MoeMmaShape sh;
+  sh.tiles = tiles;
+  sh.n_slices = int((vec + kMmaSlice - 1) / kMmaSlice);
+  sh.slot_batch = slot_batch;
+  sh.xsum = size_t(slot_batch) * 3 * size_t(mma_plane_bytes(vec));
+  sh.part = sh.xsum + (size_t(slot_batch) * size_t(vec / gs) * sizeof(float) + 15) / 16 * 16;
+  sh.ring = sh.part + size_t(tiles) * size_t(part_vectors) * sh.n_slices * kMmaTileRows * sizeof(float);
+  sh.bytes = sh.ring + size_t(kWarps) * kMmaStages * stage_bytes;
+  return sh;
+}
+
+__device__ __forceinline__ bool valid_expert(int64_t e, int64_t n) {
+  return e >= 0 && e < n;
+}
+
+// Rows tile * 16 .. of expert e of weight w, slice `slice`.
+template <typename ST, int BITS, int GS>
+__device__ __forceinline__ TaskSrc<ST> expert_src(const WeightView& w, int64_t e, int64_t tile, int slice) {
+  return {static_cast<const unsigned char*>(w.w),
+          static_cast<const ST*>(w.scales),
+          static_cast<const ST*>(w.biases),
+          e * w.out + tile * kMmaTileRows,
+          e * w.out + w.out - 1,
+          w.in * BITS / 8,
+          w.in / GS,
+          slice};
+}
+
+// Virtual block vb = slot j * vb_per_slot + its tile group; task k = (tile * 2 + m) * n_slices + slice, m = 0 gate,
+// 1 up; partial sums part[tile][m][slice][16]. Grid: resident blocks, walking the virtual blocks grid-stride.
+template <int BITS, int GS, typename ST, GluAct ACT>
+__global__ void __launch_bounds__(kThreads) fused_gate_up_mma_kernel(FusedMoeArgs a, MoeMmaShape sh, unsigned* err) {
+  using Stage = MmaStage<BITS, GS, ST>;
+  extern __shared__ float4 smem4[];
+  unsigned char* planes = reinterpret_cast<unsigned char*>(smem4);
+  float* xsum = reinterpret_cast<float*>(planes + sh.xsum);
+  float* part = reinterpret_cast<float*>(planes + sh.part);
+  __shared__ int32_t experts[kMaxTopK];
+  pdl_enter();  // the indices and x come from the kernels before
+  if (threadIdx.x < a.k) experts[threadIdx.x] = a.indices[threadIdx.x];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  unsigned char* ring = planes + sh.ring + warp * (kMmaStages * Stage::kBytes);
+  const int64_t ffn = a.gate.out, hidden = a.gate.in, groups = hidden / GS;
+  const int n_slices = sh.n_slices, vb_per_slot = sh.vb_per_slot;
+  const RoundMap rm(vb_per_slot * a.k, 2 * sh.tiles, n_slices, warp, kWarps);  // units: (tile, gate / up)
+  // This warp's task in round rd: expert e, unit (tile * 2 + m) and slice; or none.
+  auto task = [&](const Round& rd, int64_t& e, int& unit, int& slice, int64_t& tile) {
+    if (!rm.task(rd, unit, slice)) return false;
+    const unsigned vb = unsigned(rd.vb), j = vb / unsigned(vb_per_slot);  // 32-bit: this runs per task
+    e = j < unsigned(a.k) ? experts[j] : -1;
+    tile = int64_t(vb - j * unsigned(vb_per_slot)) * sh.tiles + (unit >> 1);
+    return tile * kMmaTileRows < ffn && valid_expert(e, a.gate.n_stack);
+  };
+  auto issue = [&](const Round& rd, int stage) {
+    int64_t e, tile;
+    int unit, slice;
+    if (!task(rd, e, unit, slice, tile)) return;
+    const WeightView& w = (unit & 1) == 0 ? a.gate : a.up;
+    mma_issue<BITS, GS>(ring + stage * Stage::kBytes, expert_src<ST, BITS, GS>(w, e, tile, slice), lane);
+  };
+  const int64_t plane = mma_plane_bytes(hidden);
+  auto compute = [&](const Round& rd, int stage) {
+    int64_t e, tile;
+    int unit, slice;
+    if (!task(rd, e, unit, slice, tile)) return;
+    float r0, r1;
+    mma_compute<BITS, GS, ST>(ring + stage * Stage::kBytes, slice, groups, planes, plane, xsum, lane, r0, r1);
+    if ((lane & 3) == 0) {
+      float* dst = part + (unit * n_slices + slice) * kMmaTileRows;  // part[tile][m][slice][row]
+      dst[lane >> 2] = r0;
+      dst[(lane >> 2) + 8] = r1;
+    }
+  };
+  auto after = [&](const Round& rd) {  // at a virtual block's last round: act = glu(gate, up) for its rows
+    if (!rd.last) return;
+    __syncthreads();
+    const int j = rd.vb / vb_per_slot;
+    const int64_t tile0 = int64_t(rd.vb - j * vb_per_slot) * sh.tiles;
+    const bool ok = valid_expert(experts[j], a.gate.n_stack);
+    if (!ok && threadIdx.x == 0) raise_device_error(err, kErrExpertIndex);
+    for (int i = threadIdx.x; i < sh.tiles * kMmaTileRows; i += kThreads) {
+      const int64_t row = tile0 * kMmaTileRows + i;
+      if (row >= ffn) continue;
+      const float* pg = part + (i / kMmaTileRows) * 2 * n_slices * kMmaTileRows + i % kMmaTileRows;
+      const float g = fold_slices(pg, n_slices, kMmaTileRows);
+      const float u = fold_slices(pg + n_slices * kMmaTileRows, n_slices, kMmaTileRows);
+      a.act[j * ffn + row] = ok ? glu_value<ACT>(g, u) : __int_as_float(0x7fc00000);
+    }
+    __syncthreads();
+  };
+  const bool vec = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
+  pipeline(
+      rm, issue, compute,
+      [&] {
+        mma_stage<GS>(
+            hidden, [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, vec, v); }, planes, xsum);
+        __syncthreads();
+      },
+      after);
+}
+
+// One tile of hidden rows per block. Slots are staged slot_batch at a time; task k of a batch = s * n_slices +
+// slice for slot j0 + s; partial sums part[slot][slice][16] over all k slots.
+template <int BITS, int GS, typename ST>
+__global__ void __launch_bounds__(kThreads) fused_down_mma_kernel(FusedMoeArgs a, MoeMmaShape sh, unsigned* err) {
+  using Stage = MmaStage<BITS, GS, ST>;
+  extern __shared__ float4 smem4[];
+  unsigned char* planes = reinterpret_cast<unsigned char*>(smem4);
+  float* xsum = reinterpret_cast<float*>(planes + sh.xsum);
+  float* part = reinterpret_cast<float*>(planes + sh.part);
+  __shared__ int32_t experts[kMaxTopK];
+  if (!a.b_prefetch) pdl_enter();
+  // Read through L2 before pdl_wait: the router finished before kernel A passed its wait and let this start.
+  if (threadIdx.x < a.k) experts[threadIdx.x] = __ldcg(a.indices + threadIdx.x);
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  unsigned char* ring = planes + sh.ring + warp * (kMmaStages * Stage::kBytes);
+  const int64_t hidden = a.down.out, ffn = a.down.in, tile = blockIdx.x;
+  const int n_slices = sh.n_slices, k = a.k;
+  const int64_t plane = mma_plane_bytes(ffn), groups = ffn / GS;
+  const bool vec = (reinterpret_cast<uintptr_t>(a.act) & 15) == 0;
+  for (int j0 = 0; j0 < k; j0 += sh.slot_batch) {
+    const int nb = min(sh.slot_batch, k - j0);
+    const RoundMap rm(gridDim.x, nb, n_slices, warp, kWarps);  // units: the batch's slots
+    auto task = [&](const Round& rd, int& s, int& slice, int64_t& e) {
+      if (!rm.task(rd, s, slice)) return false;
+      e = experts[j0 + s];
+      return valid_expert(e, a.down.n_stack);
+    };
+    auto issue = [&](const Round& rd, int stage) {
+      int s, slice;
+      int64_t e;
+      if (!task(rd, s, slice, e)) return;
+      mma_issue<BITS, GS>(ring + stage * Stage::kBytes, expert_src<ST, BITS, GS>(a.down, e, tile, slice), lane);
+    };
+    auto compute = [&](const Round& rd, int stage) {
+      int s, slice;
+      int64_t e;
+      if (!task(rd, s, slice, e)) return;
+      float r0, r1;
+      mma_compute<BITS, GS, ST>(ring + stage * Stage::kBytes, slice, groups, planes + s * 3 * plane, plane,
+                                xsum + s * groups, lane, r0, r1);
+      if ((lane & 3) == 0) {
+        float* dst = part + ((j0 + s) * n_slices + slice) * kMmaTileRows;  // part[slot][slice][row]
+        dst[lane >> 2] = r0;
+        dst[(lane >> 2) + 8] = r1;
+      }
+    };
+    pipeline(
+        rm, issue, compute,
+        [&] {
+          if (j0 == 0 && a.b_prefetch) pdl_enter();  // the first weights are in flight: wait for kernel A's act
+          if (j0 > 0) __syncthreads();               // every warp is done with the previous batch's planes
+          for (int s = 0; s < nb; ++s) {
+            const float* src = a.act + (j0 + s) * ffn;
+            mma_stage<GS>(
+                ffn, [&](int64_t i, float(&v)[8]) { load8_global(src + i, vec, v); }, planes + s * 3 * plane,
+                xsum + s * groups);
+          }
+          __syncthreads();
+        },
+        [](const Round&) {});
+  }
+  __syncthreads();
+  bool any_invalid = false;
+  for (int i = threadIdx.x; i < kMmaTileRows; i += kThreads) {
+    const int64_t row = tile * kMmaTileRows + i;
+    if (row >= hidden) continue;
+    float out = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      if (!valid_expert(experts[j], a.down.n_stack)) {
+        any_invalid = true;
+        out = __int_as_float(0x7fc00000);
+      } else {  // the gather path's weighted sum, same order
+        out = fmaf(a.weights[j], fold_slices(part + j * n_slices * kMmaTileRows + i, n_slices, kMmaTileRows), out);
+      }
+    }
+    a.out[row] = a.residual ? a.residual[row] + out : out;
+  }
+  if (any_invalid && tile == 0) raise_device_error(err, kErrExpertIndex);
+}
+
+template <int BITS, int GS, typename ST, GluAct ACT>
+void launch_a_grid(const Ctx& ctx, const FusedMoeArgs& a, int64_t n_vb, const MoeMmaShape& sh) {
+  auto kernel = fused_gate_up_mma_kernel<BITS, GS, ST, ACT>;
+  const int64_t resident = int64_t(resident_per_sm(kernel, kThreads, sh.bytes)) * std::max(ctx.sm_count, 1);
+  launch_k(ctx, kernel, dim3(unsigned(std::min(n_vb, resident))), kThreads, sh.bytes, a, sh, ctx.error_flag);
+}
+
+template <int BITS, int GS, typename ST>
+void launch_a_act(const Ctx& ctx, const FusedMoeArgs& a, int64_t n_vb, const MoeMmaShape& sh) {
+  switch (a.glu) {
+    case GluAct::kSiLU: launch_a_grid<BITS, GS, ST, GluAct::kSiLU>(ctx, a, n_vb, sh); break;
+    case GluAct::kGeLU: launch_a_grid<BITS, GS, ST, GluAct::kGeLU>(ctx, a, n_vb, sh); break;
+    case GluAct::kReLU2: launch_a_grid<BITS, GS, ST, GluAct::kReLU2>(ctx, a, n_vb, sh); break;
+  }
+}
+
+// Calls f.template operator()<BITS, GS, ST>() for the weight's bits, group size and scale type.
+template <class F>
+void dispatch(const WeightView& w, F&& f) {
+  auto by_st = [&]<int BITS, int GS>() {
+    switch (w.stype) {
+      case FloatType::kF32: f.template operator()<BITS, GS, float>(); break;
+      case FloatType::kF16: f.template operator()<BITS, GS, __half>(); break;
+      case FloatType::kBF16: f.template operator()<BITS, GS, __nv_bfloat16>(); break;
+    }
+  };
+  auto by_gs = [&]<int BITS>() {
+    switch (w.group_size) {
+      case 32: by_st.template operator()<BITS, 32>(); break;
+      case 64: by_st.template operator()<BITS, 64>(); break;
+      default: by_st.template operator()<BITS, 128>(); break;
+    }
+  };
+  if (w.bits == 4) {
+    by_gs.template operator()<4>();
+  } else {
+    by_gs.template operator()<8>();
+  }
+}
+
+}  // namespace
+
+bool launch_fused_gate_up_mma(const Ctx& ctx, const FusedMoeArgs& a) {
+  if (!decode_mma_applies(ctx, a.gate) || !decode_mma_applies(ctx, a.up)) return false;
+  bool done = false;
+  dispatch(a.gate, [&]<int BITS, int GS, typename ST>() {
+    if (!mma_scales_aligned(a.gate.in / GS, GS, int(sizeof(ST)))) return;
+    const int n_slices = int((a.gate.in + kMmaSlice - 1) / kMmaSlice);
+    MoeMmaShape sh = moe_shape(a.gate.in, GS, std::max(1, 8 / (2 * n_slices)), 1, 2, MmaStage<BITS, GS, ST>::kBytes);
+    if (sh.bytes > size_t(ctx.max_smem_optin)) return;
+    const int64_t tiles = (a.gate.out + kMmaTileRows - 1) / kMmaTileRows;
+    sh.vb_per_slot = int((tiles + sh.tiles - 1) / sh.tiles);
+    launch_a_act<BITS, GS, ST>(ctx, a, int64_t(sh.vb_per_slot) * a.k, sh);
+    done = true;
+  });
+  return done;
+}
+
+bool launch_fused_down_mma(const Ctx& ctx, const FusedMoeArgs& a) {
+  if (!decode_mma_applies(ctx, a.down)) return false;
+  bool done = false;
+  dispatch(a.down, [&]<int BITS, int GS, typename ST>() {
+    if (!mma_scales_aligned(a.down.in / GS, GS, int(sizeof(ST)))) return;
+    constexpr int kStage = MmaStage<BITS, GS, ST>::kBytes;
+    // The largest slot batch whose act planes fit next to the partial sums of all k slots.
+    int batch = a.k;
+    MoeMmaShape sh = moe_shape(a.down.in, GS, 1, batch, a.k, kStage);
+    while (sh.bytes > size_t(ctx.max_smem_optin) && batch > 1) sh = moe_shape(a.down.in, GS, 1, --batch, a.k, kStage);
+    if (sh.bytes > size_t(ctx.max_smem_optin)) return;
+    const dim3 grid{unsigned((a.down.out + kMmaTileRows - 1) / kMmaTileRows)};
+    launch_k(ctx, fused_down_mma_kernel<BITS, GS, ST>, grid, kThreads, sh.bytes, a, sh, ctx.error_flag);
+    done = true;
+  });
+  return done;
+}
+
+}  // namespace moecel::cuda
