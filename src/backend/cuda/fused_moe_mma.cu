@@ -13,12 +13,16 @@
 
 #include "backend/cuda/fused_moe.cuh"
 #include "backend/cuda/gemv_mma.cuh"
+#include "backend/cuda/qgemv.cuh"
 
 namespace moecel::cuda {
 namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+// Kernel B runs one block per SM (its act planes take ~50 KB for OLMoE), so its warps keep more tasks in flight
+// when that fits in shared memory (else the default ring depth).
+constexpr int kDownStages = 6;
 
 // Shared memory (byte offsets, multiples of 16): slot_batch vectors' bf16 planes | their group sums | partial
 // sums | each warp's ring of weight stages.
@@ -30,7 +34,8 @@ struct MoeMmaShape {
   size_t xsum = 0, part = 0, ring = 0, bytes = 0;
 };
 
-MoeMmaShape moe_shape(int64_t vec, int gs, int tiles, int slot_batch, int64_t part_vectors, int stage_bytes) {
+MoeMmaShape moe_shape(int64_t vec, int gs, int tiles, int slot_batch, int64_t part_vectors, int stage_bytes,
+                      int stages) {
   MoeMmaShape sh;
   sh.tiles = tiles;
   sh.n_slices = int((vec + kMmaSlice - 1) / kMmaSlice);
@@ -38,7 +43,7 @@ MoeMmaShape moe_shape(int64_t vec, int gs, int tiles, int slot_batch, int64_t pa
   sh.xsum = size_t(slot_batch) * 3 * size_t(mma_plane_bytes(vec));
   sh.part = sh.xsum + (size_t(slot_batch) * size_t(vec / gs) * sizeof(float) + 15) / 16 * 16;
   sh.ring = sh.part + size_t(tiles) * size_t(part_vectors) * sh.n_slices * kMmaTileRows * sizeof(float);
-  sh.bytes = sh.ring + size_t(kWarps) * kMmaStages * stage_bytes;
+  sh.bytes = sh.ring + size_t(kWarps) * stages * stage_bytes;
   return sh;
 }
 
@@ -135,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_mma_kernel(FusedMoeArg
 
 // One tile of hidden rows per block. Slots are staged slot_batch at a time; task k of a batch = s * n_slices +
 // slice for slot j0 + s; partial sums part[slot][slice][16] over all k slots.
-template <int BITS, int GS, typename ST>
+template <int BITS, int GS, typename ST, int S>
 __global__ void __launch_bounds__(kThreads) fused_down_mma_kernel(FusedMoeArgs a, MoeMmaShape sh, unsigned* err) {
   using Stage = MmaStage<BITS, GS, ST>;
   extern __shared__ float4 smem4[];
@@ -148,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) fused_down_mma_kernel(FusedMoeArgs a
   if (threadIdx.x < a.k) experts[threadIdx.x] = __ldcg(a.indices + threadIdx.x);
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  unsigned char* ring = planes + sh.ring + warp * (kMmaStages * Stage::kBytes);
+  unsigned char* ring = planes + sh.ring + warp * (S * Stage::kBytes);
   const int64_t hidden = a.down.out, ffn = a.down.in, tile = blockIdx.x;
   const int n_slices = sh.n_slices, k = a.k;
   const int64_t plane = mma_plane_bytes(ffn), groups = ffn / GS;
@@ -180,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) fused_down_mma_kernel(FusedMoeArgs a
         dst[(lane >> 2) + 8] = r1;
       }
     };
-    pipeline(
+    pipeline<S>(
         rm, issue, compute,
         [&] {
           if (j0 == 0 && a.b_prefetch) pdl_enter();  // the first weights are in flight: wait for kernel A's act
@@ -257,12 +262,14 @@ void dispatch(const WeightView& w, F&& f) {
 }  // namespace
 
 bool launch_fused_gate_up_mma(const Ctx& ctx, const FusedMoeArgs& a) {
-  if (!decode_mma_applies(ctx, a.gate) || !decode_mma_applies(ctx, a.up)) return false;
+  // Only where the gather path's products take the tensor-core kernel too.
+  if (!gemv::gemv_mma_takes(ctx, a.gate) || !gemv::gemv_mma_takes(ctx, a.up)) return false;
   bool done = false;
   dispatch(a.gate, [&]<int BITS, int GS, typename ST>() {
     if (!mma_scales_aligned(a.gate.in / GS, GS, int(sizeof(ST)))) return;
     const int n_slices = int((a.gate.in + kMmaSlice - 1) / kMmaSlice);
-    MoeMmaShape sh = moe_shape(a.gate.in, GS, std::max(1, 8 / (2 * n_slices)), 1, 2, MmaStage<BITS, GS, ST>::kBytes);
+    MoeMmaShape sh =
+        moe_shape(a.gate.in, GS, std::max(1, 8 / (2 * n_slices)), 1, 2, MmaStage<BITS, GS, ST>::kBytes, kMmaStages);
     if (sh.bytes > size_t(ctx.max_smem_optin)) return;
     const int64_t tiles = (a.gate.out + kMmaTileRows - 1) / kMmaTileRows;
     sh.vb_per_slot = int((tiles + sh.tiles - 1) / sh.tiles);
@@ -273,18 +280,29 @@ bool launch_fused_gate_up_mma(const Ctx& ctx, const FusedMoeArgs& a) {
 }
 
 bool launch_fused_down_mma(const Ctx& ctx, const FusedMoeArgs& a) {
-  if (!decode_mma_applies(ctx, a.down)) return false;
+  if (!gemv::gemv_mma_takes(ctx, a.down)) return false;
   bool done = false;
   dispatch(a.down, [&]<int BITS, int GS, typename ST>() {
     if (!mma_scales_aligned(a.down.in / GS, GS, int(sizeof(ST)))) return;
     constexpr int kStage = MmaStage<BITS, GS, ST>::kBytes;
-    // The largest slot batch whose act planes fit next to the partial sums of all k slots.
-    int batch = a.k;
-    MoeMmaShape sh = moe_shape(a.down.in, GS, 1, batch, a.k, kStage);
-    while (sh.bytes > size_t(ctx.max_smem_optin) && batch > 1) sh = moe_shape(a.down.in, GS, 1, --batch, a.k, kStage);
-    if (sh.bytes > size_t(ctx.max_smem_optin)) return;
+    // The deeper ring with every slot staged at once when that fits; else the default ring and the largest slot
+    // batch whose act planes fit next to the partial sums of all k slots. That always fits where the gather
+    // path's kernel does (it needs more: f32 x too), so both paths run the same arithmetic.
     const dim3 grid{unsigned((a.down.out + kMmaTileRows - 1) / kMmaTileRows)};
-    launch_k(ctx, fused_down_mma_kernel<BITS, GS, ST>, grid, kThreads, sh.bytes, a, sh, ctx.error_flag);
+    const MoeMmaShape deep = moe_shape(a.down.in, GS, 1, a.k, a.k, kStage, kDownStages);
+    if (deep.bytes <= size_t(ctx.max_smem_optin)) {
+      launch_k(ctx, fused_down_mma_kernel<BITS, GS, ST, kDownStages>, grid, kThreads, deep.bytes, a, deep,
+               ctx.error_flag);
+      done = true;
+      return;
+    }
+    int batch = a.k;
+    MoeMmaShape sh = moe_shape(a.down.in, GS, 1, batch, a.k, kStage, kMmaStages);
+    while (sh.bytes > size_t(ctx.max_smem_optin) && batch > 1) {
+      sh = moe_shape(a.down.in, GS, 1, --batch, a.k, kStage, kMmaStages);
+    }
+    if (sh.bytes > size_t(ctx.max_smem_optin)) return;  // (not reached where the gather path's kernel fits)
+    launch_k(ctx, fused_down_mma_kernel<BITS, GS, ST, kMmaStages>, grid, kThreads, sh.bytes, a, sh, ctx.error_flag);
     done = true;
   });
   return done;

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/mma_frag.cuh"
@@ -128,25 +129,30 @@ __device__ __forceinline__ void mma_issue(unsigned char* stage, const TaskSrc<ST
   const bool valid = col * 16 / L::kGroupBytes < ng;              // a chunk never straddles a group (group >= 16 bytes)
   const bool clamp = src.row0 + kMmaTileRows - 1 > src.last_row;  // only the weight's last tile
   const unsigned char* g = src.w + (src.row0 + lane / kChunks) * src.row_bytes + g0 * L::kGroupBytes + col * 16;
-  unsigned char* d = stage + (lane / kChunks) * L::kRowStride + col * 16;
+  const uint32_t d = smem_addr(stage + (lane / kChunks) * L::kRowStride + col * 16);
+  const int64_t step = kRowsPerPass * src.row_bytes;
+  if (!clamp) {
 #pragma unroll
-  for (int pass = 0; pass < kMmaTileRows / kRowsPerPass; ++pass) {
-    const int64_t row = src.row0 + lane / kChunks + pass * kRowsPerPass;
-    const unsigned char* gp =
-        clamp && row > src.last_row ? g + (src.last_row - row) * src.row_bytes : g;  // clamped: drop the result
-    cp_async16(smem_addr(d), valid ? gp : src.w, valid);
-    g += kRowsPerPass * src.row_bytes;
-    d += kRowsPerPass * L::kRowStride;
+    for (int pass = 0; pass < kMmaTileRows / kRowsPerPass; ++pass) {
+      cp_async16(d + pass * kRowsPerPass * L::kRowStride, valid ? g + pass * step : src.w, valid);
+    }
+  } else {
+#pragma unroll
+    for (int pass = 0; pass < kMmaTileRows / kRowsPerPass; ++pass) {
+      const int64_t over = src.row0 + lane / kChunks + pass * kRowsPerPass - src.last_row;
+      const unsigned char* gp = g + pass * step - (over > 0 ? over * src.row_bytes : 0);  // clamped: result dropped
+      cp_async16(d + pass * kRowsPerPass * L::kRowStride, valid ? gp : src.w, valid);
+    }
   }
   constexpr int kUnits = L::kScaleBytes / 4, kPer = 4 / int(sizeof(ST)) > 0 ? 4 / int(sizeof(ST)) : 1;
 #pragma unroll
   for (int c = lane; c < 2 * kMmaTileRows * kUnits; c += 32) {
     const int which = c / (kMmaTileRows * kUnits), row = (c / kUnits) % kMmaTileRows, u = c % kUnits;
     const ST* base = which ? src.b : src.s;
-    const bool valid = u * kPer < ng && base != nullptr;
-    const int64_t r = min(src.row0 + row, src.last_row);
-    const ST* g = valid ? base + r * src.groups + g0 + u * kPer : src.s;
-    cp_async4(smem_addr(stage + (which ? L::kBiases : L::kScales) + row * L::kScaleBytes + u * 4), g, valid);
+    const bool ok = u * kPer < ng && base != nullptr;
+    const int64_t r = clamp ? min(src.row0 + row, src.last_row) : src.row0 + row;
+    const ST* gs = ok ? base + r * src.groups + g0 + u * kPer : src.s;
+    cp_async4(smem_addr(stage + (which ? L::kBiases : L::kScales) + row * L::kScaleBytes + u * 4), gs, ok);
   }
 }
 
@@ -166,6 +172,21 @@ __device__ __forceinline__ void lds_words(const unsigned char* p, uint32_t (&w)[
   }
 }
 
+// Element i (compile-time after unrolling) of F32/F16/BF16 values packed into 32-bit words, as f32.
+template <typename ST, int N>
+__device__ __forceinline__ float packed_at(const uint32_t (&raw)[N], int i) {
+  if constexpr (sizeof(ST) == 4) {
+    return __uint_as_float(raw[i]);
+  } else {
+    const unsigned short h = static_cast<unsigned short>((i & 1) ? raw[i >> 1] >> 16 : raw[i >> 1] & 0xFFFFu);
+    if constexpr (std::is_same_v<ST, __half>) {
+      return __half2float(__ushort_as_half(h));
+    } else {
+      return __bfloat162float(__ushort_as_bfloat16(h));
+    }
+  }
+}
+
 // A task's partial dot products of rows gid and gid + 8 (the stage's rows), returned to lane t == 0 of each row
 // group (other lanes' values must be ignored). planes / xsum: the staged vector (mma_stage); slice, groups: as
 // in the TaskSrc the stage was issued from.
@@ -178,48 +199,57 @@ __device__ __forceinline__ void mma_compute(const unsigned char* stage, int slic
   const int n = lane >> 2, t = lane & 3, gid = lane >> 2;
   const int g0 = slice * L::kGroups, ng = int(min(int64_t(L::kGroups), groups - g0));
   const unsigned char* bp = planes + (n < 3 ? n : 0) * plane_bytes + t * 16;
-  const ST* sc = reinterpret_cast<const ST*>(stage + L::kScales);
-  const ST* bi = reinterpret_cast<const ST*>(stage + L::kBiases);
+  uint32_t sc[2][L::kScaleBytes / 4], bi[2][L::kScaleBytes / 4];  // the rows' scales and biases, one load each
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    lds_words(stage + L::kScales + (gid + 8 * h) * L::kScaleBytes, sc[h]);
+    lds_words(stage + L::kBiases + (gid + 8 * h) * L::kScaleBytes, bi[h]);
+  }
   float acc0 = 0.0f, acc1 = 0.0f;
+  auto group = [&](int gi) {
+    const int g = g0 + gi;
+    uint32_t w[2][L::kWords];
 #pragma unroll
-  for (int gi = 0; gi < L::kGroups; ++gi) {
-    if (gi < ng) {
-      const int g = g0 + gi;
-      uint32_t w[2][L::kWords];
+    for (int h = 0; h < 2; ++h) {
+      lds_words(stage + (gid + 8 * h) * L::kRowStride + gi * L::kGroupBytes + t * (L::kGroupBytes / 4), w[h]);
+    }
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        lds_words(stage + (gid + 8 * h) * L::kRowStride + gi * L::kGroupBytes + t * (L::kGroupBytes / 4), w[h]);
-      }
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int p = 0; p < L::kBlocks; ++p) {
+      uint4 bx = make_uint4(0u, 0u, 0u, 0u);
+      if (n < 3) bx = *reinterpret_cast<const uint4*>(bp + (g * L::kBlocks + p) * 64);
+      uint32_t a[2][4];
 #pragma unroll
-      for (int p = 0; p < L::kBlocks; ++p) {
-        uint4 bx = make_uint4(0u, 0u, 0u, 0u);
-        if (n < 3) bx = *reinterpret_cast<const uint4*>(bp + (g * L::kBlocks + p) * 64);
-        uint32_t a[2][4];
-#pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
-          if constexpr (BITS == 4) {
-            a[ks][0] = q4_pair(w[0][p], 2 * ks);
-            a[ks][1] = q4_pair(w[1][p], 2 * ks);
-            a[ks][2] = q4_pair(w[0][p], 2 * ks + 1);
-            a[ks][3] = q4_pair(w[1][p], 2 * ks + 1);
-          } else {
-            a[ks][0] = q8_pair(w[0][2 * p], w[0][2 * p + 1], 2 * ks);
-            a[ks][1] = q8_pair(w[1][2 * p], w[1][2 * p + 1], 2 * ks);
-            a[ks][2] = q8_pair(w[0][2 * p], w[0][2 * p + 1], 2 * ks + 1);
-            a[ks][3] = q8_pair(w[1][2 * p], w[1][2 * p + 1], 2 * ks + 1);
-          }
+      for (int ks = 0; ks < 2; ++ks) {
+        if constexpr (BITS == 4) {
+          a[ks][0] = q4_pair(w[0][p], 2 * ks);
+          a[ks][1] = q4_pair(w[1][p], 2 * ks);
+          a[ks][2] = q4_pair(w[0][p], 2 * ks + 1);
+          a[ks][3] = q4_pair(w[1][p], 2 * ks + 1);
+        } else {
+          a[ks][0] = q8_pair(w[0][2 * p], w[0][2 * p + 1], 2 * ks);
+          a[ks][1] = q8_pair(w[1][2 * p], w[1][2 * p + 1], 2 * ks);
+          a[ks][2] = q8_pair(w[0][2 * p], w[0][2 * p + 1], 2 * ks + 1);
+          a[ks][3] = q8_pair(w[1][2 * p], w[1][2 * p + 1], 2 * ks + 1);
         }
-        mma_bf16(d, a[0], bx.x, bx.y);
-        mma_bf16(d, a[1], bx.z, bx.w);
       }
-      // Lane t == 0 holds columns 0, 1 (hi, mid), t == 1 columns 2, 3 (lo, 0); the bias term is added once, by t == 0.
-      const float xs = t == 0 ? xsum[g] : 0.0f;
-      const float s0 = to_f32(sc[gid * L::kGroups + gi]), s1 = to_f32(sc[(gid + 8) * L::kGroups + gi]);
-      const float b0 = fmaf(kZero, s0, to_f32(bi[gid * L::kGroups + gi]));
-      const float b1 = fmaf(kZero, s1, to_f32(bi[(gid + 8) * L::kGroups + gi]));
-      acc0 = fmaf(s0, d[0] + d[1], fmaf(b0, xs, acc0));
-      acc1 = fmaf(s1, d[2] + d[3], fmaf(b1, xs, acc1));
+      mma_bf16(d, a[0], bx.x, bx.y);
+      mma_bf16(d, a[1], bx.z, bx.w);
+    }
+    // Lane t == 0 holds columns 0, 1 (hi, mid), t == 1 columns 2, 3 (lo, 0); the bias term is added once, by t == 0.
+    const float xs = t == 0 ? xsum[g] : 0.0f;
+    const float s0 = packed_at<ST>(sc[0], gi), s1 = packed_at<ST>(sc[1], gi);
+    const float b0 = fmaf(kZero, s0, packed_at<ST>(bi[0], gi)), b1 = fmaf(kZero, s1, packed_at<ST>(bi[1], gi));
+    acc0 = fmaf(s0, d[0] + d[1], fmaf(b0, xs, acc0));
+    acc1 = fmaf(s1, d[2] + d[3], fmaf(b1, xs, acc1));
+  };
+  if (ng == L::kGroups) {  // every slice but a short last one: no per-group guards in the unrolled code
+#pragma unroll
+    for (int gi = 0; gi < L::kGroups; ++gi) group(gi);
+  } else {
+#pragma unroll
+    for (int gi = 0; gi < L::kGroups; ++gi) {
+      if (gi < ng) group(gi);
     }
   }
   row0 = acc0 + __shfl_xor_sync(0xffffffffu, acc0, 1);
@@ -276,20 +306,20 @@ struct RoundMap {
 };
 
 // Software pipeline over a block's rounds, per warp: each warp streams its tasks' weights through a ring of
-// kMmaStages shared-memory stages with cp.async, kMmaStages - 1 tasks ahead of the one it computes (with two blocks
+// S (default kMmaStages) shared-memory stages with cp.async, S - 1 tasks ahead of the one it computes (with two blocks
 // per SM, ~64 KiB of loads in flight per SM: what DRAM bandwidth needs). issue(rd, stage) copies this warp's task of
 // round rd into the stage (or nothing); compute(rd, stage) computes it; after(rd) runs when round rd is computed
 // (barriers, epilogues). prologue() runs once the first copies are issued (the wait for the previous kernel, staging
 // the vector, a barrier). Every thread of the block runs the same rounds.
 constexpr int kMmaStages = 3;
 
-template <class Issue, class Compute, class Prologue, class After>
+template <int S = kMmaStages, class Issue, class Compute, class Prologue, class After>
 __device__ __forceinline__ void pipeline(const RoundMap& rm, Issue issue, Compute compute, Prologue prologue,
                                          After after) {
   const int n = rm.n_rounds();
   Round ri = rm.first(), rc = ri;
 #pragma unroll
-  for (int s = 0; s < kMmaStages - 1; ++s) {
+  for (int s = 0; s < S - 1; ++s) {
     if (s < n) {
       issue(ri, s);
       ri = rm.next(ri);
@@ -297,20 +327,20 @@ __device__ __forceinline__ void pipeline(const RoundMap& rm, Issue issue, Comput
     cp_async_commit();  // empty groups keep the wait counts uniform
   }
   prologue();
-  int stage = 0;  // i % kMmaStages
+  int stage = 0;  // i % S
   for (int i = 0; i < n; ++i) {
-    cp_async_wait<kMmaStages - 2>();
+    cp_async_wait<S - 2>();
     __syncwarp();  // every lane's copies of this stage have landed
     compute(rc, stage);
     __syncwarp();  // every lane is done with the stage before it is refilled
-    if (i + kMmaStages - 1 < n) {
-      issue(ri, stage == 0 ? kMmaStages - 1 : stage - 1);  // the stage computed in the previous iteration
+    if (i + S - 1 < n) {
+      issue(ri, stage == 0 ? S - 1 : stage - 1);  // the stage computed in the previous iteration
       ri = rm.next(ri);
     }
     cp_async_commit();
     after(rc);
     rc = rm.next(rc);
-    stage = stage == kMmaStages - 1 ? 0 : stage + 1;
+    stage = stage == S - 1 ? 0 : stage + 1;
   }
   cp_async_wait<0>();
 }

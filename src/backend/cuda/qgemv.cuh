@@ -130,5 +130,8 @@ __device__ inline void router_epilogue(const GemvArgs& a) {
 // The tensor-core kernel (qgemv_mma.cu) for 4- and 8-bit weights with group size 32, 64 or 128, when x and its
 // working set fit in shared memory. Returns false, launching nothing, otherwise (a.part_end is filled here).
 bool launch_gemv_mma(const Ctx& ctx, GemvArgs& a, int64_t n_pairs);
+// Whether launch_gemv_mma takes this weight (the fused decode-MoE kernels ask it too, so that the fused and the
+// gather paths always run the same arithmetic).
+bool gemv_mma_takes(const Ctx& ctx, const WeightView& w);
 
 }  // namespace moecel::cuda::gemv

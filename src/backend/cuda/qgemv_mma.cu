@@ -142,15 +142,44 @@ __global__ void __launch_bounds__(kThreads) qgemv_mma_kernel(GemvArgs a, MmaShap
 
 // Launches as many blocks as are resident at once (split over the pairs), at most one per virtual block.
 template <int BITS, int GS, typename ST>
+MmaSmem smem_for(int64_t in, int tiles) {
+  return mma_smem(in, GS, tiles, MmaStage<BITS, GS, ST>::kBytes);
+}
+
+template <int BITS, int GS, typename ST>
+bool fits(const Ctx& ctx, const WeightView& w) {
+  const int n_slices = int((w.in + kMmaSlice - 1) / kMmaSlice);
+  return mma_scales_aligned(w.in / GS, GS, int(sizeof(ST))) &&
+         smem_for<BITS, GS, ST>(w.in, std::max(1, 8 / n_slices)).bytes <= size_t(ctx.max_smem_optin);
+}
+
+template <int BITS, int GS, typename ST>
 bool launch_grid(const Ctx& ctx, const GemvArgs& a, MmaShape sh, int64_t n_pairs) {
-  if (!mma_scales_aligned(a.w[0].in / GS, GS, int(sizeof(ST)))) return false;
-  sh.smem = mma_smem(a.w[0].in, GS, sh.tiles, MmaStage<BITS, GS, ST>::kBytes);
-  if (sh.smem.bytes > size_t(ctx.max_smem_optin)) return false;
+  if (!fits<BITS, GS, ST>(ctx, a.w[0])) return false;
+  sh.smem = smem_for<BITS, GS, ST>(a.w[0].in, sh.tiles);
   auto kernel = qgemv_mma_kernel<BITS, GS, ST>;
   const int64_t resident = int64_t(resident_per_sm(kernel, kThreads, sh.smem.bytes)) * std::max(ctx.sm_count, 1);
   const dim3 grid{unsigned(std::min(sh.n_vb, std::max<int64_t>(1, resident / n_pairs))), unsigned(n_pairs)};
   launch_k(ctx, kernel, grid, kThreads, sh.smem.bytes, a, sh);
   return true;
+}
+
+template <int BITS, int GS>
+bool fits_typed(const Ctx& ctx, const WeightView& w) {
+  switch (w.stype) {
+    case FloatType::kF32: return fits<BITS, GS, float>(ctx, w);
+    case FloatType::kF16: return fits<BITS, GS, __half>(ctx, w);
+    default: return fits<BITS, GS, __nv_bfloat16>(ctx, w);
+  }
+}
+
+template <int BITS>
+bool fits_bits(const Ctx& ctx, const WeightView& w) {
+  switch (w.group_size) {
+    case 32: return fits_typed<BITS, 32>(ctx, w);
+    case 64: return fits_typed<BITS, 64>(ctx, w);
+    default: return fits_typed<BITS, 128>(ctx, w);
+  }
 }
 
 template <int BITS, int GS>
@@ -173,9 +202,14 @@ bool launch_bits(const Ctx& ctx, const GemvArgs& a, const MmaShape& sh, int64_t 
 
 }  // namespace
 
+bool gemv_mma_takes(const Ctx& ctx, const WeightView& w) {
+  if (!decode_mma_applies(ctx, w)) return false;
+  return w.bits == 4 ? fits_bits<4>(ctx, w) : fits_bits<8>(ctx, w);
+}
+
 bool launch_gemv_mma(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
   const WeightView& w = a.w[0];
-  if (!decode_mma_applies(ctx, w)) return false;
+  if (!gemv_mma_takes(ctx, w)) return false;
   const int n_slices = int((w.in + kMmaSlice - 1) / kMmaSlice);
   MmaShape sh{std::max(1, 8 / n_slices), n_slices, 0, {}};
   int64_t blocks = 0;
