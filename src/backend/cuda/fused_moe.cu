@@ -364,11 +364,13 @@ void launch_b(const Ctx& ctx, const FusedMoeArgs& a) {
 }
 
 template <typename ST>
-void launch_typed(const Ctx& ctx, const FusedMoeArgs& a) {
+void launch_typed(const Ctx& ctx, FusedMoeArgs a) {
   if (launch_fused_gate_up_mma(ctx, a)) {
   } else if (a.gate.bits == 4) {
+    a.act_staged = nullptr;  // only the tensor-core kernel A stages act for kernel B
     launch_a<4, ST>(ctx, a);
   } else {
+    a.act_staged = nullptr;
     launch_a<8, ST>(ctx, a);
   }
   if (launch_fused_down_mma(ctx, a)) return;

@@ -16,8 +16,11 @@ struct FusedMoeArgs {
   const int32_t* indices = nullptr;  // (k,) on the device
   const float* weights = nullptr;    // (k,)
   float* act = nullptr;              // (k, ffn) intermediate
-  float* out = nullptr;              // (hidden,)
-  const float* residual = nullptr;   // when set: out = residual + the MoE output (residual may be out)
+  // With the tensor-core kernels: act also as kernel B's staged operand, written by kernel A (fused_act_bytes
+  // bytes; null: kernel B stages act itself).
+  unsigned char* act_staged = nullptr;
+  float* out = nullptr;             // (hidden,)
+  const float* residual = nullptr;  // when set: out = residual + the MoE output (residual may be out)
   int k = 0;
   GluAct glu = GluAct::kSiLU;
   // Output rows per warp of kernels A (1, 2 or 4) and B (1 or 2): launch-width knobs; results do not depend on them.
@@ -32,6 +35,9 @@ struct FusedMoeArgs {
 // aligned packed weights; 1 <= k <= kMaxTopK. An expert index outside [0, n_experts) raises kErrExpertIndex
 // and makes the output NaN.
 void launch_fused_moe(const Ctx& ctx, const FusedMoeArgs& a);
+
+// Device bytes of FusedMoeArgs::act_staged for k slots of moe_intermediate_size ffn.
+size_t fused_act_bytes(int64_t ffn, int k);
 
 // Internal: the tensor-core kernels A and B (fused_moe_mma.cu) for 4-/8-bit experts with group size 32, 64 or 128
 // (decode_mma_applies). Each returns false, launching nothing, where it does not apply.

@@ -81,6 +81,10 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_mma_kernel(FusedMoeArg
   unsigned char* ring = planes + sh.ring + warp * (kMmaStages * Stage::kBytes);
   const int64_t ffn = a.gate.out, hidden = a.gate.in, groups = hidden / GS;
   const int n_slices = sh.n_slices, vb_per_slot = sh.vb_per_slot;
+  // Kernel B's staged operand (fused_act_bytes): each slot's three planes for down's group size, then the
+  // octet sums of every slot.
+  const int64_t down_plane = mma_plane_bytes(ffn), staged_slot = 3 * down_plane;
+  const int down_shift = __ffs(a.down.group_size) - 1;
   const RoundMap rm(vb_per_slot * a.k, 2 * sh.tiles, n_slices, warp, kWarps);  // units: (tile, gate / up)
   // This warp's task in round rd: expert e, unit (tile * 2 + m) and slice; or none.
   auto task = [&](const Round& rd, int64_t& e, int& unit, int& slice, int64_t& tile) {
@@ -117,13 +121,29 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_mma_kernel(FusedMoeArg
     const int64_t tile0 = int64_t(rd.vb - j * vb_per_slot) * sh.tiles;
     const bool ok = valid_expert(experts[j], a.gate.n_stack);
     if (!ok && threadIdx.x == 0) raise_device_error(err, kErrExpertIndex);
-    for (int i = threadIdx.x; i < sh.tiles * kMmaTileRows; i += kThreads) {
+    // One row per thread; lanes 8o .. 8o + 7 hold octet o, which lane 8o stages for kernel B (warp-uniform
+    // trip count: every lane takes part in the shuffles).
+    for (int i0 = 0; i0 < sh.tiles * kMmaTileRows; i0 += kThreads) {
+      const int i = i0 + threadIdx.x;
       const int64_t row = tile0 * kMmaTileRows + i;
-      if (row >= ffn) continue;
-      const float* pg = part + (i / kMmaTileRows) * 2 * n_slices * kMmaTileRows + i % kMmaTileRows;
-      const float g = fold_slices(pg, n_slices, kMmaTileRows);
-      const float u = fold_slices(pg + n_slices * kMmaTileRows, n_slices, kMmaTileRows);
-      a.act[j * ffn + row] = ok ? glu_value<ACT>(g, u) : __int_as_float(0x7fc00000);
+      const bool live = i < sh.tiles * kMmaTileRows && row < ffn;
+      float v = 0.0f;
+      if (live) {
+        const float* pg = part + (i / kMmaTileRows) * 2 * n_slices * kMmaTileRows + i % kMmaTileRows;
+        const float g = fold_slices(pg, n_slices, kMmaTileRows);
+        const float u = fold_slices(pg + n_slices * kMmaTileRows, n_slices, kMmaTileRows);
+        v = ok ? glu_value<ACT>(g, u) : __int_as_float(0x7fc00000);
+        a.act[j * ffn + row] = v;
+      }
+      if (a.act_staged) {
+        float oct[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r) oct[r] = __shfl_sync(0xffffffffu, v, (lane & ~7) + r);
+        if (live && (lane & 7) == 0) {  // ffn % 32 == 0: an octet is all live or all not
+          mma_put_octet(a.act_staged + j * staged_slot, down_plane, down_shift, row, oct);
+          reinterpret_cast<float*>(a.act_staged + a.k * staged_slot)[(j * ffn + row) / 8] = octet_sum(oct);
+        }
+      }
     }
     __syncthreads();
   };
@@ -190,11 +210,22 @@ __global__ void __launch_bounds__(kThreads) fused_down_mma_kernel(FusedMoeArgs a
         [&] {
           if (j0 == 0 && a.b_prefetch) pdl_enter();  // the first weights are in flight: wait for kernel A's act
           if (j0 > 0) __syncthreads();               // every warp is done with the previous batch's planes
-          for (int s = 0; s < nb; ++s) {
-            const float* src = a.act + (j0 + s) * ffn;
-            mma_stage<GS>(
-                ffn, [&](int64_t i, float(&v)[8]) { load8_global(src + i, vec, v); }, planes + s * 3 * plane,
-                xsum + s * groups);
+          if (a.act_staged) {                        // staged by kernel A: copy the planes, add up the octet sums
+            const uint4* src = reinterpret_cast<const uint4*>(a.act_staged + j0 * 3 * plane);
+            for (int64_t c = threadIdx.x; c < nb * 3 * plane / 16; c += kThreads) {
+              reinterpret_cast<uint4*>(planes)[c] = src[c];
+            }
+            const float* octs = reinterpret_cast<const float*>(a.act_staged + k * 3 * plane) + j0 * ffn / 8;
+            for (int64_t q = threadIdx.x; q < nb * groups; q += kThreads) {
+              xsum[q] = group_sum_of_octets(octs + q * (GS / 8), GS / 8);
+            }
+          } else {
+            for (int s = 0; s < nb; ++s) {
+              const float* src = a.act + (j0 + s) * ffn;
+              mma_stage<GS>(
+                  ffn, [&](int64_t i, float(&v)[8]) { load8_global(src + i, vec, v); }, planes + s * 3 * plane,
+                  xsum + s * groups);
+            }
           }
           __syncthreads();
         },
@@ -260,6 +291,10 @@ void dispatch(const WeightView& w, F&& f) {
 }
 
 }  // namespace
+
+size_t fused_act_bytes(int64_t ffn, int k) {
+  return size_t(k) * (3 * size_t(mma_plane_bytes(ffn)) + size_t(ffn / 8) * sizeof(float));
+}
 
 bool launch_fused_gate_up_mma(const Ctx& ctx, const FusedMoeArgs& a) {
   // Only where the gather path's products take the tensor-core kernel too.

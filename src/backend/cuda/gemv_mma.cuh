@@ -42,31 +42,54 @@ __host__ __device__ constexpr int64_t mma_plane_bytes(int64_t n) {
   return 2 * n + ((2 * n) % 128 == 0 ? 64 : 0);
 }
 
+// Sum of an octet of values in the order every staging of a vector uses.
+__device__ __forceinline__ float octet_sum(const float (&v)[8]) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+// Stores values i .. i + 7 (i % 8 == 0) of a vector as the B operand for group size 1 << gshift: their 16-byte
+// slots of the three bf16 planes (plane stride mma_plane_bytes(n)).
+__device__ __forceinline__ void mma_put_octet(unsigned char* planes, int64_t plane, int gshift, int64_t i,
+                                              const float (&v)[8]) {
+  const int64_t g = i >> gshift;
+  const int kl = int(i & ((int64_t(1) << gshift) - 1));                         // offset in the group
+  const int t = kl >> (gshift - 2), p = (kl & ((1 << (gshift - 2)) - 1)) >> 3;  // owning lane, 32-value block
+  uint32_t h[4], m[4], l[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) split3(v[j], v[j + 4], h[j], m[j], l[j]);
+  unsigned char* dst = planes + ((g * (1 << (gshift - 5)) + p) * 4 + t) * 16;
+  *reinterpret_cast<uint4*>(dst) = make_uint4(h[0], h[1], h[2], h[3]);
+  *reinterpret_cast<uint4*>(dst + plane) = make_uint4(m[0], m[1], m[2], m[3]);
+  *reinterpret_cast<uint4*>(dst + 2 * plane) = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+// A group's sum of x from its octet sums s[0 .. n) (n a power of two): the pairwise order of mma_stage's
+// butterfly, so a vector staged from octet sums gets the same group sums bit for bit.
+__device__ __forceinline__ float group_sum_of_octets(const float* s, int n) {
+  float t[16];
+  for (int i = 0; i < n; ++i) t[i] = s[i];
+  for (int w = 1; w < n; w *= 2) {
+    for (int i = 0; i < n; i += 2 * w) t[i] = t[i] + t[i + w];
+  }
+  return t[0];
+}
+
 // Stages n values (n % gs == 0) as the B operand: three bf16 planes of mma_plane_bytes(n) bytes at `planes`, and
 // xsum[g] = sum of group g's values in f32 (a fixed order). load8(i, v) reads values i .. i + 7. Every thread of
 // the block calls it (blockDim.x a multiple of 32); the caller synchronizes before the planes are read.
 template <int GS, class Load8>
 __device__ __forceinline__ void mma_stage(int64_t n, Load8 load8, unsigned char* planes, float* xsum) {
-  constexpr int kOctPerGroup = GS / 8;
+  constexpr int kOctPerGroup = GS / 8, kShift = GS == 32 ? 5 : GS == 64 ? 6 : 7;
   const int64_t n_oct = n / 8, plane = mma_plane_bytes(n);
   for (int64_t o0 = 0; o0 < n_oct; o0 += blockDim.x) {  // uniform trip count: the shuffles need every lane
     const int64_t o = o0 + threadIdx.x;
     float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     if (o < n_oct) {
       load8(o * 8, v);
-      const int64_t g = o / kOctPerGroup;
-      const int kl = int(o % kOctPerGroup) * 8;              // offset in the group
-      const int t = kl / (GS / 4), p = (kl % (GS / 4)) / 8;  // owning lane (t) and 32-value block
-      uint32_t h[4], m[4], l[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) split3(v[j], v[j + 4], h[j], m[j], l[j]);
-      unsigned char* dst = planes + ((g * (GS / 32) + p) * 4 + t) * 16;
-      *reinterpret_cast<uint4*>(dst) = make_uint4(h[0], h[1], h[2], h[3]);
-      *reinterpret_cast<uint4*>(dst + plane) = make_uint4(m[0], m[1], m[2], m[3]);
-      *reinterpret_cast<uint4*>(dst + 2 * plane) = make_uint4(l[0], l[1], l[2], l[3]);
+      mma_put_octet(planes, plane, kShift, o * 8, v);
     }
     // A group's octets are kOctPerGroup consecutive lanes of one warp (o0 is a multiple of 32).
-    float s = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+    float s = octet_sum(v);
 #pragma unroll
     for (int off = 1; off < kOctPerGroup; off <<= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     if (o < n_oct && o % kOctPerGroup == 0) xsum[o / kOctPerGroup] = s;
