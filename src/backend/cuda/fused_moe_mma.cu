@@ -23,6 +23,7 @@ constexpr int kThreads = kWarps * 32;
 // Kernel B runs one block per SM (its act planes take ~50 KB for OLMoE), so its warps keep more tasks in flight
 // when that fits in shared memory (else the default ring depth).
 constexpr int kDownStages = 6;
+constexpr int kGateUpStages = 4;  // kernel A: two blocks per SM still fit with 4-bit weights
 
 // Shared memory (byte offsets, multiples of 16): slot_batch vectors' bf16 planes | their group sums | partial
 // sums | each warp's ring of weight stages.
@@ -66,7 +67,7 @@ __device__ __forceinline__ TaskSrc<ST> expert_src(const WeightView& w, int64_t e
 
 // Virtual block vb = slot j * vb_per_slot + its tile group; task k = (tile * 2 + m) * n_slices + slice, m = 0 gate,
 // 1 up; partial sums part[tile][m][slice][16]. Grid: resident blocks, walking the virtual blocks grid-stride.
-template <int BITS, int GS, typename ST, GluAct ACT>
+template <int BITS, int GS, typename ST, GluAct ACT, int S>
 __global__ void __launch_bounds__(kThreads) fused_gate_up_mma_kernel(FusedMoeArgs a, MoeMmaShape sh, unsigned* err) {
   using Stage = MmaStage<BITS, GS, ST>;
   extern __shared__ float4 smem4[];
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_mma_kernel(FusedMoeArg
   if (threadIdx.x < a.k) experts[threadIdx.x] = a.indices[threadIdx.x];
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  unsigned char* ring = planes + sh.ring + warp * (kMmaStages * Stage::kBytes);
+  unsigned char* ring = planes + sh.ring + warp * (S * Stage::kBytes);
   const int64_t ffn = a.gate.out, hidden = a.gate.in, groups = hidden / GS;
   const int n_slices = sh.n_slices, vb_per_slot = sh.vb_per_slot;
   // Kernel B's staged operand (fused_act_bytes): each slot's three planes for down's group size, then the
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_mma_kernel(FusedMoeArg
     __syncthreads();
   };
   const bool vec = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
-  pipeline(
+  pipeline<S>(
       rm, issue, compute,
       [&] {
         mma_stage<GS>(
@@ -251,10 +252,20 @@ __global__ void __launch_bounds__(kThreads) fused_down_mma_kernel(FusedMoeArgs a
 }
 
 template <int BITS, int GS, typename ST, GluAct ACT>
-void launch_a_grid(const Ctx& ctx, const FusedMoeArgs& a, int64_t n_vb, const MoeMmaShape& sh) {
-  auto kernel = fused_gate_up_mma_kernel<BITS, GS, ST, ACT>;
-  const int64_t resident = int64_t(resident_per_sm(kernel, kThreads, sh.bytes)) * std::max(ctx.sm_count, 1);
-  launch_k(ctx, kernel, dim3(unsigned(std::min(n_vb, resident))), kThreads, sh.bytes, a, sh, ctx.error_flag);
+void launch_a_grid(const Ctx& ctx, const FusedMoeArgs& a, int64_t n_vb, MoeMmaShape sh) {
+  // The deeper ring where it fits; else the default one (which fits wherever the gather path's kernel does).
+  const MoeMmaShape deep = moe_shape(a.gate.in, GS, sh.tiles, 1, 2, MmaStage<BITS, GS, ST>::kBytes, kGateUpStages);
+  auto go = [&](auto kernel, const MoeMmaShape& s) {
+    const int64_t resident = int64_t(resident_per_sm(kernel, kThreads, s.bytes)) * std::max(ctx.sm_count, 1);
+    launch_k(ctx, kernel, dim3(unsigned(std::min(n_vb, resident))), kThreads, s.bytes, a, s, ctx.error_flag);
+  };
+  if (deep.bytes <= size_t(ctx.max_smem_optin)) {
+    MoeMmaShape d = deep;
+    d.vb_per_slot = sh.vb_per_slot;
+    go(fused_gate_up_mma_kernel<BITS, GS, ST, ACT, kGateUpStages>, d);
+  } else {
+    go(fused_gate_up_mma_kernel<BITS, GS, ST, ACT, kMmaStages>, sh);
+  }
 }
 
 template <int BITS, int GS, typename ST>
