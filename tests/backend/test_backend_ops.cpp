@@ -186,6 +186,8 @@ TEST_F(CudaOps, TensorCoreDecodeKernels) {
   }
   // Wider than 8 slices of 256: a warp takes several slices of a tile.
   run_linear(*this, mma, make_quant(0, 40, 16384, 4, 64, DType::kF16, rng), {1}, rng, "tensor cores, 16384 wide");
+  // By default (MOECEL_CUDA_DECODE_MMA=2) a vocabulary-sized projection takes them too.
+  run_linear(*this, cu(), make_quant(0, 20000, 512, 4, 64, DType::kBF16, rng), {1, 2}, rng, "default, 20000 rows");
 }
 
 TEST_F(CudaOps, DenseLinearAndGather) {

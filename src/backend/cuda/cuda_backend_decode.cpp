@@ -41,8 +41,8 @@ void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& g
   a.indices = indices.ptr<int32_t>();
   a.weights = weights.ptr<float>();
   a.act = act_buf.ptr<float>();
-  Tensor staged;            // lives until the kernels are launched, like act_buf
-  if (im.ctx.decode_mma) {  // kernel A hands kernel B its operand already staged
+  Tensor staged;                 // lives until the kernels are launched, like act_buf
+  if (im.ctx.decode_mma == 1) {  // kernel A hands kernel B its operand already staged
     const size_t bytes = cuda::fused_act_bytes(gate.out, int(k));
     staged = be.scratch(DType::kF32, {int64_t((bytes + 3) / 4)});
     a.act_staged = static_cast<unsigned char*>(staged.data);

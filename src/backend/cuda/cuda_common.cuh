@@ -39,8 +39,10 @@ struct Ctx {
   // Rows per warp of the matrix-vector kernel (MOECEL_CUDA_GEMV_ROWS: 1, 2 or 4; 0 = chosen by size).
   int gemv_rows = 0;
   int extra_launches = 0;  // MOECEL_CUDA_EXTRA_LAUNCHES (measurement only)
-  // Tensor-core matrix-vector kernels for 4-/8-bit weights (gemv_mma.cuh), MOECEL_CUDA_DECODE_MMA=1 (opt-in).
-  bool decode_mma = false;
+  // Tensor-core matrix-vector kernels for 4-/8-bit weights (gemv_mma.cuh), MOECEL_CUDA_DECODE_MMA:
+  // 0 never, 1 for every eligible weight, 2 (default) only for single matrices of at least kMmaAutoRows rows
+  // (the lm_head), where they are measured faster.
+  int decode_mma = 2;
   // A zeroed device counter for kernels that finish with a "last block" epilogue (each resets it on exit).
   unsigned* block_counter = nullptr;
 };

@@ -26,13 +26,17 @@ struct WeightView {
   int group_size = 0;
 };
 
+// Rows from which MOECEL_CUDA_DECODE_MMA=2 (the default) takes the tensor-core kernels: the vocabulary projection
+// (docs/benchmarks.md: 34 vs 42 us for OLMoE's 50,304 x 2,048), not the smaller products, where they are slower.
+constexpr int64_t kMmaAutoRows = 16384;
+
 // Whether the tensor-core matrix-vector kernels (gemv_mma.cuh) take this weight: 4 or 8 bits, group size 32, 64
-// or 128, a 16-byte aligned packed weight. The plain and the fused decode paths ask the same question of the
-// same weight, so they always run the same arithmetic.
+// or 128, a 16-byte aligned packed weight, and the mode (Ctx::decode_mma). The plain and the fused decode paths
+// ask the same question of the same weight, so they always run the same arithmetic.
 inline bool decode_mma_applies(const Ctx& ctx, const WeightView& w) {
-  return ctx.decode_mma && (w.bits == 4 || w.bits == 8) &&
-         (w.group_size == 32 || w.group_size == 64 || w.group_size == 128) && w.in > 0 && w.in % w.group_size == 0 &&
-         reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
+  const bool mode = ctx.decode_mma == 1 || (ctx.decode_mma == 2 && w.n_stack == 1 && w.out >= kMmaAutoRows);
+  return mode && (w.bits == 4 || w.bits == 8) && (w.group_size == 32 || w.group_size == 64 || w.group_size == 128) &&
+         w.in > 0 && w.in % w.group_size == 0 && reinterpret_cast<uintptr_t>(w.w) % 16 == 0;
 }
 
 // Up to this many tokens a weight slice is streamed once per token by the matrix-vector kernels.
