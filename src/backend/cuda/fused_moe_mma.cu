@@ -48,6 +48,17 @@ MoeMmaShape moe_shape(int64_t vec, int gs, int tiles, int slot_batch, int64_t pa
   return sh;
 }
 
+// The kernels' shared memory regions (moe_shape's layout).
+struct MoeSmem {
+  unsigned char* planes;
+  float* xsum;
+  float* part;
+};
+__device__ __forceinline__ MoeSmem moe_smem(float4* base, const MoeMmaShape& sh) {
+  unsigned char* p = reinterpret_cast<unsigned char*>(base);
+  return {p, reinterpret_cast<float*>(p + sh.xsum), reinterpret_cast<float*>(p + sh.part)};
+}
+
 __device__ __forceinline__ bool valid_expert(int64_t e, int64_t n) {
   return e >= 0 && e < n;
 }
@@ -65,15 +76,13 @@ __device__ __forceinline__ TaskSrc<ST> expert_src(const WeightView& w, int64_t e
           slice};
 }
 
-// Virtual block vb = slot j * vb_per_slot + its tile group; task k = (tile * 2 + m) * n_slices + slice, m = 0 gate,
-// 1 up; partial sums part[tile][m][slice][16]. Grid: resident blocks, walking the virtual blocks grid-stride.
+// Virtual block vb = slot j * vb_per_slot + its tile group; its units are (tile, m), unit = tile * 2 + m, m = 0 gate,
+// 1 up; partial sums part[unit][slice][16]. Grid: resident blocks, walking the virtual blocks grid-stride.
 template <int BITS, int GS, typename ST, GluAct ACT, int S>
 __global__ void __launch_bounds__(kThreads) fused_gate_up_mma_kernel(FusedMoeArgs a, MoeMmaShape sh, unsigned* err) {
   using Stage = MmaStage<BITS, GS, ST>;
   extern __shared__ float4 smem4[];
-  unsigned char* planes = reinterpret_cast<unsigned char*>(smem4);
-  float* xsum = reinterpret_cast<float*>(planes + sh.xsum);
-  float* part = reinterpret_cast<float*>(planes + sh.part);
+  const auto [planes, xsum, part] = moe_smem(smem4, sh);
   __shared__ int32_t experts[kMaxTopK];
   pdl_enter();  // the indices and x come from the kernels before
   if (threadIdx.x < a.k) experts[threadIdx.x] = a.indices[threadIdx.x];
@@ -159,15 +168,13 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_mma_kernel(FusedMoeArg
       after);
 }
 
-// One tile of hidden rows per block. Slots are staged slot_batch at a time; task k of a batch = s * n_slices +
-// slice for slot j0 + s; partial sums part[slot][slice][16] over all k slots.
+// One tile of hidden rows per block. Slots are staged slot_batch at a time; a batch's units are its slots;
+// partial sums part[slot][slice][16] over all k slots.
 template <int BITS, int GS, typename ST, int S>
 __global__ void __launch_bounds__(kThreads) fused_down_mma_kernel(FusedMoeArgs a, MoeMmaShape sh, unsigned* err) {
   using Stage = MmaStage<BITS, GS, ST>;
   extern __shared__ float4 smem4[];
-  unsigned char* planes = reinterpret_cast<unsigned char*>(smem4);
-  float* xsum = reinterpret_cast<float*>(planes + sh.xsum);
-  float* part = reinterpret_cast<float*>(planes + sh.part);
+  const auto [planes, xsum, part] = moe_smem(smem4, sh);
   __shared__ int32_t experts[kMaxTopK];
   if (!a.b_prefetch) pdl_enter();
   // Read through L2 before pdl_wait: the router finished before kernel A passed its wait and let this start.
