@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 #include "quant/affine.h"
 
@@ -15,10 +16,6 @@ namespace {
 
 float sigmoid(float x) {
   return 1.0f / (1.0f + std::exp(-x));
-}
-
-void check_f32(const Tensor& t, const char* what) {
-  MOECEL_CHECK(t.dtype == DType::kF32, "{}: expected an F32 tensor, got {}", what, dtype_name(t.dtype));
 }
 
 // Indices [0, n) ordered by score, highest first, the lower index winning a tie (NaN ranks last).
@@ -32,7 +29,7 @@ void order_by_score(const std::vector<float>& score, std::vector<int32_t>& order
 }  // namespace
 
 void CpuBackend::add_bias(Tensor& x, const Tensor& bias) {
-  check_f32(x, "add_bias input");
+  check_f32_dtype(x, "add_bias input");
   MOECEL_CHECK(is_float(bias.dtype) && bias.ndim() == 1, "add_bias: bias must be a float vector, got {} {}",
                dtype_name(bias.dtype), shape_str(bias.shape));
   const int64_t d = bias.numel();
@@ -47,14 +44,7 @@ void CpuBackend::add_bias(Tensor& x, const Tensor& bias) {
 }
 
 void CpuBackend::add_sigmoid_gated(const Tensor& a, const Tensor& gate, const Tensor& b, Tensor& out) {
-  check_f32(a, "add_sigmoid_gated input");
-  check_f32(gate, "add_sigmoid_gated gate");
-  check_f32(b, "add_sigmoid_gated input");
-  check_f32(out, "add_sigmoid_gated output");
-  const int64_t n = gate.numel();
-  MOECEL_CHECK(n > 0 && a.numel() == b.numel() && a.numel() == out.numel() && a.numel() % n == 0,
-               "add_sigmoid_gated: shapes {}, {} and {} with gate {} (one gate per row) do not match",
-               shape_str(a.shape), shape_str(b.shape), shape_str(out.shape), shape_str(gate.shape));
+  const int64_t n = check_sigmoid_gated(a, gate, b, out);
   const int64_t d = a.numel() / n;
   for (int64_t t = 0; t < n; ++t) {
     const float s = sigmoid(gate.ptr<float>()[t]);
@@ -67,8 +57,8 @@ void CpuBackend::add_sigmoid_gated(const Tensor& a, const Tensor& gate, const Te
 
 void CpuBackend::router_grouped_topk(const Tensor& logits, const Tensor& correction_bias, int n_group, int topk_group,
                                      int k, bool renormalize, float scale, Tensor& indices, Tensor& weights) {
-  check_f32(logits, "router logits");
-  check_f32(weights, "router weights");
+  check_f32_dtype(logits, "router logits");
+  check_f32_dtype(weights, "router weights");
   MOECEL_CHECK(logits.ndim() == 2, "router: logits must be (n_tokens, n_experts), got {}", shape_str(logits.shape));
   MOECEL_CHECK(indices.dtype == DType::kI32, "router: indices must be I32, got {}", dtype_name(indices.dtype));
   const int64_t n = logits.dim(0), n_experts = logits.dim(1);

@@ -11,23 +11,12 @@
 #include "backend/cpu/fused_moe.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/vec.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "quant/affine.h"
 
 namespace moecel {
-namespace {
-
-void check_f32(const Tensor& t, const char* what) {
-  MOECEL_CHECK(t.dtype == DType::kF32, "{}: expected an F32 tensor, got {}", what, dtype_name(t.dtype));
-}
-
-void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what) {
-  MOECEL_CHECK(t.numel() == rows * cols, "{}: expected {} elements ({} x {}), got shape {}", what, rows * cols, rows,
-               cols, shape_str(t.shape));
-}
-
-}  // namespace
 
 Tensor CpuBackend::alloc(DType dtype, Shape shape) {
   return make_host_tensor(dtype, std::move(shape));
@@ -42,7 +31,7 @@ void CpuBackend::from_host(const void* src, Tensor& dst) {
 }
 
 void CpuBackend::embedding(const LinearWeight& table, const Tensor& ids, Tensor& out) {
-  check_f32(out, "embedding output");
+  check_f32_dtype(out, "embedding output");
   MOECEL_CHECK(ids.dtype == DType::kI32, "embedding: ids must be I32");
   const int64_t n = ids.numel();
   check_rows(out, n, table.in, "embedding output");
@@ -54,8 +43,8 @@ void CpuBackend::embedding(const LinearWeight& table, const Tensor& ids, Tensor&
 }
 
 void CpuBackend::linear(const LinearWeight& w, const Tensor& x, Tensor& y) {
-  check_f32(x, "linear input");
-  check_f32(y, "linear output");
+  check_f32_dtype(x, "linear input");
+  check_f32_dtype(y, "linear output");
   const int64_t n = x.numel() / std::max<int64_t>(1, w.in);
   check_rows(x, n, w.in, w.name.c_str());
   check_rows(y, n, w.out, w.name.c_str());
@@ -63,8 +52,8 @@ void CpuBackend::linear(const LinearWeight& w, const Tensor& x, Tensor& y) {
 }
 
 void CpuBackend::gather_linear(const LinearWeight& w, const Tensor& x, const Tensor& indices, Tensor& y) {
-  check_f32(x, "gather_linear input");
-  check_f32(y, "gather_linear output");
+  check_f32_dtype(x, "gather_linear input");
+  check_f32_dtype(y, "gather_linear output");
   MOECEL_CHECK(indices.dtype == DType::kI32 && indices.ndim() == 2, "gather_linear: indices must be I32 (n_tokens, k)");
   const int64_t n = indices.dim(0), k = indices.dim(1);
   const bool per_slot = k > 1 && x.numel() == n * k * w.in;  // else one x row shared by the k slots

@@ -9,6 +9,7 @@
 
 #include "backend/cpu/matmul_internal.h"
 #include "backend/cpu/vec.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 
 namespace moecel::cpu {
@@ -24,9 +25,9 @@ constexpr int64_t kRows = 64;
 
 void fused_moe_decode(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
                       const float* x, const int32_t* indices, const float* weights, int64_t k, float* out) {
-  detail::check_weight(gate, "fused_moe");
-  detail::check_weight(up, "fused_moe");
-  detail::check_weight(down, "fused_moe");
+  check_linear_weight(gate, "fused_moe", Device::kCpu);
+  check_linear_weight(up, "fused_moe", Device::kCpu);
+  check_linear_weight(down, "fused_moe", Device::kCpu);
   const int64_t n_experts = gate.n_stack, ffn = gate.out, hidden = gate.in;
   MOECEL_CHECK(n_experts > 0 && up.n_stack == n_experts && down.n_stack == n_experts && up.out == ffn &&
                    up.in == hidden && down.out == hidden && down.in == ffn,

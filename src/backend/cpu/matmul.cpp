@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/matmul_internal.h"
+#include "backend/op_checks.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -95,45 +96,6 @@ float* scratch(int slot, size_t n_floats) {
 // ---- shared with the fused decode-MoE path (matmul_internal.h) ----
 namespace detail {
 
-void check_weight(const LinearWeight& w, const char* op) {
-  const std::string& n = w.name;
-  MOECEL_CHECK(w.weight.device == Device::kCpu, "{}: weight {} is not in host memory", op, n);
-  MOECEL_CHECK(w.out >= 0 && w.in > 0, "{}: weight {} has bad shape out={} in={}", op, n, w.out, w.in);
-  MOECEL_CHECK(w.n_stack >= 0, "{}: weight {} has n_stack {}", op, n, w.n_stack);
-  Shape lead = w.n_stack > 0 ? Shape{w.n_stack} : Shape{};
-  auto expect = [&](const Tensor& t, const char* what, int64_t cols) {
-    Shape want = lead;
-    want.push_back(w.out);
-    want.push_back(cols);
-    MOECEL_CHECK(t.shape == want, "{}: {}.{}: expected shape {}, got {}", op, n, what, shape_str(want),
-                 shape_str(t.shape));
-    MOECEL_CHECK(t.numel() == 0 || t.data != nullptr, "{}: {}.{} has no data", op, n, what);
-  };
-  if (!w.quantized()) {
-    MOECEL_CHECK(is_float(w.weight.dtype), "{}: dense weight {} must be F32/F16/BF16, got {}", op, n,
-                 dtype_name(w.weight.dtype));
-    expect(w.weight, "weight", w.in);
-    return;
-  }
-  MOECEL_CHECK(valid_bits(w.bits) && valid_group_size(w.group_size),
-               "{}: weight {}: unsupported quantization bits={} group_size={}", op, n, w.bits, w.group_size);
-  MOECEL_CHECK(w.in % w.group_size == 0 && (w.in * w.bits) % 32 == 0,
-               "{}: weight {}: in={} is not a multiple of group_size {} and 32/bits", op, n, w.in, w.group_size);
-  MOECEL_CHECK(w.weight.dtype == DType::kU32, "{}: {}.weight must be U32 packed, got {}", op, n,
-               dtype_name(w.weight.dtype));
-  expect(w.weight, "weight", w.in * w.bits / 32);
-  MOECEL_CHECK(is_float(w.scales.dtype), "{}: {}.scales must be F32/F16/BF16, got {}", op, n,
-               dtype_name(w.scales.dtype));
-  expect(w.scales, "scales", w.in / w.group_size);
-  MOECEL_CHECK(w.scales.device == Device::kCpu, "{}: {}.scales is not in host memory", op, n);
-  if (w.biases.data != nullptr) {
-    MOECEL_CHECK(w.biases.dtype == w.scales.dtype, "{}: {}.biases dtype {} differs from scales dtype {}", op, n,
-                 dtype_name(w.biases.dtype), dtype_name(w.scales.dtype));
-    expect(w.biases, "biases", w.in / w.group_size);
-    MOECEL_CHECK(w.biases.device == Device::kCpu, "{}: {}.biases is not in host memory", op, n);
-  }
-}
-
 Slice make_slice(const LinearWeight& w, int64_t expert) {
   Slice s;
   s.out = w.out;
@@ -184,7 +146,6 @@ void run_tasks(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
 
 namespace {
 
-using detail::check_weight;
 using detail::make_slice;
 using detail::run_tasks;
 using detail::select_kernels;
@@ -279,7 +240,7 @@ const char* simd_level_name(SimdLevel level) {
 
 void linear(const LinearWeight& w, int64_t expert, const float* x, int64_t n_tokens, int64_t x_stride, float* y,
             int64_t y_stride) {
-  check_weight(w, "linear");
+  check_linear_weight(w, "linear", Device::kCpu);
   int64_t n_slices = std::max<int64_t>(1, w.n_stack);
   MOECEL_CHECK(expert >= 0 && expert < n_slices, "linear: weight {}: expert index {} out of range [0, {})", w.name,
                expert, n_slices);
@@ -315,7 +276,7 @@ void linear(const LinearWeight& w, int64_t expert, const float* x, int64_t n_tok
 
 void gather_linear(const LinearWeight& w, const float* x, bool x_per_slot, const int32_t* indices, int64_t n_tokens,
                    int64_t k, float* y) {
-  check_weight(w, "gather_linear");
+  check_linear_weight(w, "gather_linear", Device::kCpu);
   MOECEL_CHECK(w.n_stack > 0, "gather_linear: weight {} has no experts axis", w.name);
   MOECEL_CHECK(n_tokens >= 0 && k >= 0, "gather_linear: weight {}: bad n_tokens={} k={}", w.name, n_tokens, k);
   const int64_t n_pairs = n_tokens * k;

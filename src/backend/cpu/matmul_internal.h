@@ -60,8 +60,6 @@ void avx512_kernels(const Slice& s, Kernels& k);
 
 // ---- driver helpers (matmul.cpp), shared with the fused decode-MoE path ----
 
-// Throws moecel::Error unless w is a well-formed host weight; `op` names the caller in the message.
-void check_weight(const LinearWeight& w, const char* op);
 // Slice `expert` of w (0 for a 2-D weight).
 Slice make_slice(const LinearWeight& w, int64_t expert);
 // The fastest kernel set for the slice's format on this CPU (at the current SIMD level).

@@ -237,14 +237,8 @@ void CudaBackend::add_bias(Tensor& x, const Tensor& bias) {
 }
 
 void CudaBackend::add_sigmoid_gated(const Tensor& a, const Tensor& gate, const Tensor& b, Tensor& out) {
-  check_f32(a, "add_sigmoid_gated input");
-  check_f32(gate, "add_sigmoid_gated gate");
-  check_f32(b, "add_sigmoid_gated input");
-  check_f32(out, "add_sigmoid_gated output");
-  const int64_t n = gate.numel();
-  MOECEL_CHECK(n > 0 && a.numel() == b.numel() && a.numel() == out.numel() && a.numel() % n == 0,
-               "add_sigmoid_gated: shapes {}, {} and {} with gate {} (one gate per row) do not match",
-               shape_str(a.shape), shape_str(b.shape), shape_str(out.shape), shape_str(gate.shape));
+  for (const Tensor* t : {&a, &gate, &b, static_cast<const Tensor*>(&out)}) check_dev(*t, "add_sigmoid_gated");
+  const int64_t n = check_sigmoid_gated(a, gate, b, out);
   check_no_overlap(gate, out, "add_sigmoid_gated");  // a and b may alias out (elementwise)
   cuda::launch_add_sigmoid_gated(impl_->ctx, a.ptr<float>(), gate.ptr<float>(), b.ptr<float>(), n, a.numel() / n,
                                  out.ptr<float>());

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_memory.h"
 #include "backend/cuda/qmatmul.cuh"
+#include "backend/op_checks.h"
 #include "core/error.h"
 
 namespace moecel {
@@ -26,11 +27,9 @@ cuda::FloatType float_type(DType t, const std::string& what);
 void check_dev(const Tensor& t, const char* what);
 // ... and is F32.
 void check_f32(const Tensor& t, const char* what);
-// The tensor holds rows x cols elements.
-void check_rows(const Tensor& t, int64_t rows, int64_t cols, const char* what);
 // Kernels that stage inputs in shared memory must not write their own input.
 void check_no_overlap(const Tensor& a, const Tensor& b, const char* what);
-// The CPU backend's weight checks (cpu/matmul.cpp), for device weights, turned into raw pointers.
+// A device weight, checked (check_linear_weight) and turned into raw pointers.
 cuda::WeightView weight_view(const LinearWeight& w, const char* op);
 // An integer environment knob: `fallback` when unset, else one of `allowed` (anything else is an error naming it).
 int knob_from_env(const char* name, int fallback, std::initializer_list<int> allowed);

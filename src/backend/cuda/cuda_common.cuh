@@ -66,6 +66,9 @@ struct Ctx {
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <utility>
 
 namespace moecel::cuda {
@@ -224,6 +227,24 @@ void launch_k(const Ctx& ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block, s
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = launch_config(ctx, grid, block, smem, attr);
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) resident on one SM at once, asked
+// once per (kernel, smem): launches outside a graph run on every decode step.
+template <class Kernel>
+int resident_per_sm(Kernel kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, size_t>, int> known;
+  const std::pair<const void*, size_t> key{reinterpret_cast<const void*>(kernel), smem};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  if (smem > kSmemOptInAbove) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  }
+  int n = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  known[key] = std::max(n, 1);
+  return known[key];
 }
 
 }  // namespace moecel::cuda

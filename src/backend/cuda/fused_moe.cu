@@ -310,11 +310,7 @@ void launch_a_rows(const Ctx& ctx, const FusedMoeArgs& a) {
   CUDA_REQUIRE(smem <= size_t(ctx.max_smem_optin), "fused_moe: hidden size too large to stage x");
   if (rpw == 0) {  // the pipelined kernel: as many blocks as fit on the GPU at once
     auto kernel = fused_gate_up_pipelined_kernel<BITS, ST, ACT>;
-    if (smem > 48 * 1024) {
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    }
-    int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+    const int per_sm = resident_per_sm(kernel, kThreads, smem);
     const int64_t want = (int64_t(a.k) * ffn + kWarps - 1) / kWarps;
     const dim3 g{unsigned(std::max<int64_t>(1, std::min<int64_t>(want, int64_t(std::max(per_sm, 1)) * ctx.sm_count)))};
     return launch_kernel(ctx, kernel, g, smem, a);

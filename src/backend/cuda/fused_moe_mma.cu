@@ -284,30 +284,6 @@ void launch_a_act(const Ctx& ctx, const FusedMoeArgs& a, int64_t n_vb, const Moe
   }
 }
 
-// Calls f.template operator()<BITS, GS, ST>() for the weight's bits, group size and scale type.
-template <class F>
-void dispatch(const WeightView& w, F&& f) {
-  auto by_st = [&]<int BITS, int GS>() {
-    switch (w.stype) {
-      case FloatType::kF32: f.template operator()<BITS, GS, float>(); break;
-      case FloatType::kF16: f.template operator()<BITS, GS, __half>(); break;
-      case FloatType::kBF16: f.template operator()<BITS, GS, __nv_bfloat16>(); break;
-    }
-  };
-  auto by_gs = [&]<int BITS>() {
-    switch (w.group_size) {
-      case 32: by_st.template operator()<BITS, 32>(); break;
-      case 64: by_st.template operator()<BITS, 64>(); break;
-      default: by_st.template operator()<BITS, 128>(); break;
-    }
-  };
-  if (w.bits == 4) {
-    by_gs.template operator()<4>();
-  } else {
-    by_gs.template operator()<8>();
-  }
-}
-
 }  // namespace
 
 size_t fused_act_bytes(int64_t ffn, int k) {

@@ -24,12 +24,11 @@
 // and plane (hi, mid, lo).
 #pragma once
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 
 #include "backend/cuda/mma_frag.cuh"
+#include "backend/cuda/qmatmul.cuh"
 
 namespace moecel::cuda {
 
@@ -368,29 +367,36 @@ __device__ __forceinline__ void pipeline(const RoundMap& rm, Issue issue, Comput
   cp_async_wait<0>();
 }
 
-// Blocks of `kernel` (kThreads threads, `smem` bytes of dynamic shared memory) resident on one SM at once, asked
-// once per (kernel, smem): launches outside a graph run on every decode step.
-template <class Kernel>
-int resident_per_sm(Kernel kernel, int threads, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, size_t>, int> known;
-  const std::pair<const void*, size_t> key{reinterpret_cast<const void*>(kernel), smem};
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = known.find(key); it != known.end()) return it->second;
-  if (smem > kSmemOptInAbove) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  }
-  int n = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-  known[key] = std::max(n, 1);
-  return known[key];
-}
-
 // The row's dot product: partial sums part[slice * stride] added in slice order.
 __device__ __forceinline__ float fold_slices(const float* part, int n_slices, int stride) {
   float s = part[0];
   for (int i = 1; i < n_slices; ++i) s += part[i * stride];
   return s;
+}
+
+// Calls f.template operator()<BITS, GS, ST>() for a weight's bits (4 or 8), group size (32, 64, 128) and scale
+// type: the host-side dispatch of the kernels built on these blocks.
+template <class F>
+void dispatch(const WeightView& w, F&& f) {
+  auto by_st = [&]<int BITS, int GS>() {
+    switch (w.stype) {
+      case FloatType::kF32: f.template operator()<BITS, GS, float>(); break;
+      case FloatType::kF16: f.template operator()<BITS, GS, __half>(); break;
+      case FloatType::kBF16: f.template operator()<BITS, GS, __nv_bfloat16>(); break;
+    }
+  };
+  auto by_gs = [&]<int BITS>() {
+    switch (w.group_size) {
+      case 32: by_st.template operator()<BITS, 32>(); break;
+      case 64: by_st.template operator()<BITS, 64>(); break;
+      default: by_st.template operator()<BITS, 128>(); break;
+    }
+  };
+  if (w.bits == 4) {
+    by_gs.template operator()<4>();
+  } else {
+    by_gs.template operator()<8>();
+  }
 }
 
 }  // namespace moecel::cuda

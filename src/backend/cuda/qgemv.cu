@@ -7,8 +7,6 @@
 // Used by: launch_linear, launch_gather_linear (qmatmul.cu) and launch_gemv_fused (CudaBackend's decode fusions).
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <utility>
 
 #include "backend/cuda/qgemv.cuh"
@@ -178,33 +176,14 @@ void launch_quant(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a) {
   }
 }
 
-// Blocks of qgemv_kernel<BITS, ST, RPW> that fit on one SM at once; asked once per (kernel, shared memory size),
-// since launches outside a graph run on every decode step.
+// Blocks of qgemv_kernel<BITS, ST, RPW> that fit on one SM at once.
 template <int BITS, int RPW>
 int blocks_per_sm(FloatType st, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::pair<int, size_t>, int> known;
-  const std::pair<int, size_t> key{int(st), smem};
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto it = known.find(key); it != known.end()) return it->second;
-  }
-  int n = 0;
   switch (st) {
-    case FloatType::kF32:
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemv_kernel<BITS, float, RPW>, kThreads, smem));
-      break;
-    case FloatType::kF16:
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemv_kernel<BITS, __half, RPW>, kThreads, smem));
-      break;
-    case FloatType::kBF16:
-      CUDA_CHECK(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemv_kernel<BITS, __nv_bfloat16, RPW>, kThreads, smem));
-      break;
+    case FloatType::kF32: return resident_per_sm(qgemv_kernel<BITS, float, RPW>, kThreads, smem);
+    case FloatType::kF16: return resident_per_sm(qgemv_kernel<BITS, __half, RPW>, kThreads, smem);
+    default: return resident_per_sm(qgemv_kernel<BITS, __nv_bfloat16, RPW>, kThreads, smem);
   }
-  std::lock_guard<std::mutex> lock(mu);
-  known[key] = n;
-  return n;
 }
 
 int64_t grid_blocks(const GemvArgs& a, int64_t n_pairs, int rpw) {

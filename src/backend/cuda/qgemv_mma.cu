@@ -153,58 +153,23 @@ bool fits(const Ctx& ctx, const WeightView& w) {
          smem_for<BITS, GS, ST>(w.in, std::max(1, 8 / n_slices)).bytes <= size_t(ctx.max_smem_optin);
 }
 
+// As many blocks as are resident at once (split over the pairs), at most one per virtual block.
 template <int BITS, int GS, typename ST>
-bool launch_grid(const Ctx& ctx, const GemvArgs& a, MmaShape sh, int64_t n_pairs) {
-  if (!fits<BITS, GS, ST>(ctx, a.w[0])) return false;
+void launch_grid(const Ctx& ctx, const GemvArgs& a, MmaShape sh, int64_t n_pairs) {
   sh.smem = smem_for<BITS, GS, ST>(a.w[0].in, sh.tiles);
   auto kernel = qgemv_mma_kernel<BITS, GS, ST>;
   const int64_t resident = int64_t(resident_per_sm(kernel, kThreads, sh.smem.bytes)) * std::max(ctx.sm_count, 1);
   const dim3 grid{unsigned(std::min(sh.n_vb, std::max<int64_t>(1, resident / n_pairs))), unsigned(n_pairs)};
   launch_k(ctx, kernel, grid, kThreads, sh.smem.bytes, a, sh);
-  return true;
-}
-
-template <int BITS, int GS>
-bool fits_typed(const Ctx& ctx, const WeightView& w) {
-  switch (w.stype) {
-    case FloatType::kF32: return fits<BITS, GS, float>(ctx, w);
-    case FloatType::kF16: return fits<BITS, GS, __half>(ctx, w);
-    default: return fits<BITS, GS, __nv_bfloat16>(ctx, w);
-  }
-}
-
-template <int BITS>
-bool fits_bits(const Ctx& ctx, const WeightView& w) {
-  switch (w.group_size) {
-    case 32: return fits_typed<BITS, 32>(ctx, w);
-    case 64: return fits_typed<BITS, 64>(ctx, w);
-    default: return fits_typed<BITS, 128>(ctx, w);
-  }
-}
-
-template <int BITS, int GS>
-bool launch_typed(const Ctx& ctx, const GemvArgs& a, const MmaShape& sh, int64_t n_pairs) {
-  switch (a.w[0].stype) {
-    case FloatType::kF32: return launch_grid<BITS, GS, float>(ctx, a, sh, n_pairs);
-    case FloatType::kF16: return launch_grid<BITS, GS, __half>(ctx, a, sh, n_pairs);
-    default: return launch_grid<BITS, GS, __nv_bfloat16>(ctx, a, sh, n_pairs);
-  }
-}
-
-template <int BITS>
-bool launch_bits(const Ctx& ctx, const GemvArgs& a, const MmaShape& sh, int64_t n_pairs) {
-  switch (a.w[0].group_size) {
-    case 32: return launch_typed<BITS, 32>(ctx, a, sh, n_pairs);
-    case 64: return launch_typed<BITS, 64>(ctx, a, sh, n_pairs);
-    default: return launch_typed<BITS, 128>(ctx, a, sh, n_pairs);
-  }
 }
 
 }  // namespace
 
 bool gemv_mma_takes(const Ctx& ctx, const WeightView& w) {
   if (!decode_mma_applies(ctx, w)) return false;
-  return w.bits == 4 ? fits_bits<4>(ctx, w) : fits_bits<8>(ctx, w);
+  bool ok = false;
+  dispatch(w, [&]<int BITS, int GS, typename ST>() { ok = fits<BITS, GS, ST>(ctx, w); });
+  return ok;
 }
 
 bool launch_gemv_mma(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
@@ -224,7 +189,8 @@ bool launch_gemv_mma(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
   }
   if (blocks == 0) return true;
   sh.n_vb = blocks;
-  return w.bits == 4 ? launch_bits<4>(ctx, a, sh, n_pairs) : launch_bits<8>(ctx, a, sh, n_pairs);
+  dispatch(w, [&]<int BITS, int GS, typename ST>() { launch_grid<BITS, GS, ST>(ctx, a, sh, n_pairs); });
+  return true;
 }
 
 }  // namespace moecel::cuda::gemv
