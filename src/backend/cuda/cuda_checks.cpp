@@ -1,5 +1,5 @@
-// Host-side checks of CudaBackend's ops (cuda_backend_impl.h): each names the op, the tensor or weight and what was
-// expected, mirroring the CPU backend's messages.
+// Host-side checks of CudaBackend's ops (cuda_backend_impl.h) that only a device backend needs (device residency,
+// alignment, overlap, float types for the kernels); the checks both backends share are in backend/op_checks.h.
 // (src/backend/**/*.cpp is globbed into moecel_lib even without CUDA, hence the guard.)
 #if defined(MOECEL_HAVE_CUDA)
 #include <cstdlib>
