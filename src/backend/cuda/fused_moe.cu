@@ -52,18 +52,18 @@ __device__ __forceinline__ void bind(RowSet<BITS, ST, R, NV>& rs, int v, const W
   rs.groups = wv.in / wv.group_size;
 }
 
-// acc[i] += row i's chunk c . xs (staged vector x_of(i)), in the gather path's order. Rows i and i + 1 with the
-// same vector (x_of(i) == x_of(i + 1) for every i with SHARED) share the chunk's x sum.
+// acc[i] += row i's chunk c . xs (staged vector x_of(i), with its chunk sums), in the gather path's order. Rows
+// with the same vector (x_of(i) == x_of(0) for every i with SHARED) read the chunk's sum once.
 template <int BITS, int R, bool SHARED = false, class XOf>
 __device__ __forceinline__ void dot_step(const uint32_t (&wd)[R][BITS], const float (&sc)[R], const float (&bi)[R],
                                          int64_t c, XOf x_of, float (&acc)[R]) {
   float shared_sum = 0.0f;
-  if constexpr (SHARED) shared_sum = chunk_xsum(x_of(0) + c * kChunkPad);
+  if constexpr (SHARED) shared_sum = staged_xsum(x_of(0) + c * kChunkPad);
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const float* xc = x_of(i) + c * kChunkPad;
-    const float xsum = SHARED ? shared_sum : chunk_xsum(xc);
-    acc[i] = chunk_fma(sc[i], bi[i], chunk_qx<BITS>(wd[i], xc), xsum, acc[i]);
+    const float xsum = SHARED ? shared_sum : staged_xsum(xc);
+    acc[i] = chunk_fma(sc[i], bi[i], chunk_qx<BITS>(wd[i], xc, xsum), xsum, acc[i]);
   }
 }
 
@@ -110,6 +110,8 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_kernel(FusedMoeArgs a,
     if (live && c < n_chunks) rows.load(c, c >> gshift, wd[p], sc[p], bi[p]);
   }
   stage_chunks(a.x, hidden, xs);
+  __syncthreads();
+  stage_xsums(xs, n_chunks);
   __syncthreads();
   if (!live) return;
   float acc[R];
@@ -207,6 +209,8 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_pipelined_kernel(Fused
   bool v0 = n < total && pair_load(a, base, n, lane, n_chunks, cpg_shift, buf0, row0);
   stage_chunks(a.x, hidden, xs);
   __syncthreads();
+  stage_xsums(xs, n_chunks);
+  __syncthreads();
   // Two register buffers used alternately (static indexing keeps them in registers).
   while (n < total) {
     const int64_t n1 = n + W;
@@ -261,6 +265,8 @@ __global__ void __launch_bounds__(kThreads) fused_down_kernel(FusedMoeArgs a, un
     if (j0 == 0 && a.b_prefetch) pdl_enter();  // the first slots' weights are in flight: wait for kernel A's act
     if (j0 > 0) __syncthreads();               // every warp is done with the previous slots' act
     stage_chunks(a.act + j0 * ffn, nb * ffn, xs);
+    __syncthreads();
+    stage_xsums(xs, nb * n_chunks);
     __syncthreads();
     if (!live) continue;
     float acc[R];

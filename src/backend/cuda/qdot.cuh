@@ -37,35 +37,44 @@ __device__ __forceinline__ void load_chunk(const uint32_t* p, uint32_t (&wd)[BIT
   }
 }
 
-// Value j (compile-time after unrolling) of a chunk: bits [j * BITS, (j + 1) * BITS) of the words, little endian.
+// Value j (compile-time after unrolling) of a chunk, as the float 1 + q_j / 2^BITS: q's bits (bits
+// [j * BITS, (j + 1) * BITS) of the words, little endian) moved to the top of the mantissa of 1.0f. That is one
+// shift and one LOP3 per value, with no conversion instruction and no subtraction (the 2^23 + q form needed an
+// FADD per value to remove the 2^23); chunk_qx removes the 1 once per chunk instead.
 template <int BITS>
 __device__ __forceinline__ float chunk_value(const uint32_t (&wd)[BITS], int j) {
   constexpr uint32_t kMask = (1u << BITS) - 1u;
+  constexpr int kTop = 23 - BITS;  // q lands in mantissa bits [23 - BITS, 23)
   const int bit = j * BITS, w = bit >> 5, sh = bit & 31;
-  uint32_t v = wd[w] >> sh;
-  if (sh + BITS > 32) v |= wd[w + 1 < BITS ? w + 1 : BITS - 1] << (32 - sh);  // spills into the next word
-  // float(q) exactly, without an integer-to-float conversion (a quarter-rate instruction that bounds these
-  // kernels): 2^23 + q as a float is the bit pattern 0x4B000000 | q, and the subtraction is exact.
-  return __int_as_float(0x4B000000u | (v & kMask)) - 8388608.0f;
+  uint32_t v;
+  if (sh + BITS > 32) {  // spills into the next word (3, 5 and 6 bits)
+    v = ((wd[w] >> sh) | (wd[w + 1 < BITS ? w + 1 : BITS - 1] << (32 - sh))) << kTop;
+  } else {
+    v = sh >= kTop ? wd[w] >> (sh - kTop) : wd[w] << (kTop - sh);
+  }
+  // (v & mask) | 1.0f in one LOP3: written out because the compiler otherwise spends two, one per immediate.
+  uint32_t f;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(f) : "r"(v), "n"(kMask << kTop), "r"(0x3F800000u));
+  return __uint_as_float(f);
 }
 
-// sum_j q_j * x_j over one chunk.
+// sum_j q_j * x_j over one chunk, given xsum = sum_j x_j of the same chunk: the loop sums (1 + q_j / 2^BITS) x_j
+// = xsum + qx / 2^BITS (one FFMA per value), then qx = (that - xsum) * 2^BITS (the scaling is exact).
 template <int BITS>
-__device__ __forceinline__ float chunk_qx(const uint32_t (&wd)[BITS], const float* xc) {
-  float qx = 0.0f;
+__device__ __forceinline__ float chunk_qx(const uint32_t (&wd)[BITS], const float* xc, float xsum) {
+  float d = 0.0f;
 #pragma unroll
   for (int j = 0; j < kChunk; j += 4) {
     const float4 xv = *reinterpret_cast<const float4*>(xc + j);
-    qx = fmaf(chunk_value<BITS>(wd, j), xv.x, qx);
-    qx = fmaf(chunk_value<BITS>(wd, j + 1), xv.y, qx);
-    qx = fmaf(chunk_value<BITS>(wd, j + 2), xv.z, qx);
-    qx = fmaf(chunk_value<BITS>(wd, j + 3), xv.w, qx);
+    d = fmaf(chunk_value<BITS>(wd, j), xv.x, d);
+    d = fmaf(chunk_value<BITS>(wd, j + 1), xv.y, d);
+    d = fmaf(chunk_value<BITS>(wd, j + 2), xv.z, d);
+    d = fmaf(chunk_value<BITS>(wd, j + 3), xv.w, d);
   }
-  return qx;
+  return (d - xsum) * float(1u << BITS);
 }
 
-// sum_j x_j over one chunk (the bias term: w = s*q + b gives s*sum(q x) + b*sum(x)). Rows that share x share it:
-// computing it once per chunk rather than once per row saves an add per weight.
+// sum_j x_j over one chunk (the bias term: w = s*q + b gives s*sum(q x) + b*sum(x)), in one fixed order.
 __device__ __forceinline__ float chunk_xsum(const float* xc) {
   float xs = 0.0f;
 #pragma unroll
@@ -77,7 +86,7 @@ __device__ __forceinline__ float chunk_xsum(const float* xc) {
 }
 
 // Floats per chunk of a vector staged in shared memory: 4 pad floats put the float4 reads of 8 consecutive lanes
-// (chunks 144 bytes apart) in distinct banks.
+// (chunks 144 bytes apart) in distinct banks; the first of them holds the chunk's sum (stage_xsums).
 constexpr int kChunkPad = 36;
 
 // Stages x (in floats, in % 32 == 0) into xs in the padded chunk layout (chunk c at xs + c * kChunkPad); every
@@ -106,6 +115,21 @@ __device__ __forceinline__ void stage_chunks(const float* x, int64_t in, float* 
         *reinterpret_cast<float4*>(xs + (i / kChunk) * kChunkPad + i % kChunk) = v[u];
       }
     }
+  }
+}
+
+// A staged vector keeps each chunk's sum in the chunk's first pad float, written once per block by
+// stage_xsums (every row that reads the chunk needs it: one sum per chunk instead of one per row and chunk).
+__device__ __forceinline__ float staged_xsum(const float* xc) {
+  return xc[kChunk];
+}
+
+// Writes the sums of chunks [0, n_chunks) of a staged vector; the caller puts a barrier before (the values are
+// staged) and after (rows read the sums). Every kernel computes them here, so they are identical everywhere.
+__device__ __forceinline__ void stage_xsums(float* xs, int64_t n_chunks) {
+  for (int64_t c = threadIdx.x; c < n_chunks; c += int64_t(blockDim.x)) {
+    float* xc = xs + c * kChunkPad;
+    xc[kChunk] = chunk_xsum(xc);
   }
 }
 

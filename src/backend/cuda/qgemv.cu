@@ -69,6 +69,8 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
   stage_chunks(pair_x(a, in, p), in, xs);
   __syncthreads();
   if (a.f.norm_w) normalize_staged(a, in, p, xs, nw);
+  stage_xsums(xs, n_chunks);
+  __syncthreads();
 
   if (live) {
     float acc[RPW];
@@ -78,10 +80,10 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
     for (int k = 0; k < kPrefetch; ++k) {
       const int64_t c = lane + 32 * k;
       if (c < n_chunks) {
-        const float xsum = chunk_xsum(xs + c * kChunkPad);
+        const float xsum = staged_xsum(xs + c * kChunkPad);
 #pragma unroll
         for (int i = 0; i < RPW; ++i) {
-          const float qx = chunk_qx<BITS>(pw[k][i], xs + c * kChunkPad);
+          const float qx = chunk_qx<BITS>(pw[k][i], xs + c * kChunkPad, xsum);
           acc[i] = chunk_fma(ps[k][i], pb[k][i], qx, xsum, acc[i]);
         }
       }
@@ -96,10 +98,10 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
         sc[i] = to_f32(srow[i][g]);
         bi[i] = brow[i] ? to_f32(brow[i][g]) : 0.0f;
       }
-      const float xsum = chunk_xsum(xs + c * kChunkPad);
+      const float xsum = staged_xsum(xs + c * kChunkPad);
 #pragma unroll
       for (int i = 0; i < RPW; ++i) {
-        const float qx = chunk_qx<BITS>(wd[i], xs + c * kChunkPad);
+        const float qx = chunk_qx<BITS>(wd[i], xs + c * kChunkPad, xsum);
         acc[i] = chunk_fma(sc[i], bi[i], qx, xsum, acc[i]);
       }
     }
