@@ -1,6 +1,7 @@
 // The fused decode-MoE path on the CUDA backend: against an all-f32 reference from MLX's dequantization
 // (normalized RMS <= 5e-4), against the CUDA gather path (bit-identical: same per-row arithmetic), bitwise
-// reruns, launch widths (rows per warp) and kernel variants (kernel B without early weight loads, PDL off), NaN-free
+// reruns, launch widths (rows per warp) and kernel variants (kernel B without early weight loads, PDL off, the
+// register-prefetch kernels instead of the bulk-copy ones), NaN-free
 // output, bad expert indices, and the dispatch counts of decode steps replayed from a CUDA graph. Skips with "no CUDA
 // device" without a GPU.
 #include <gtest/gtest.h>
@@ -74,6 +75,7 @@ TEST_P(FusedMoeCuda, MatchesReferenceGatherAndIsDeterministic) {
   EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=0")) << "the pipelined kernel A differs";
   EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_B_PREFETCH=0")) << "kernel B without prefetch differs";
   EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_PDL=0")) << "without programmatic dependent launch";
+  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_BULK=0")) << "the register-prefetch kernels differ";
   // With the tensor-core matrix-vector kernels (opt-in), both paths run them, and still agree bit for bit.
   const std::vector<float> mma = run_cuda(p, c.act, true, "MOECEL_CUDA_DECODE_MMA=1");
   for (float v : mma) ASSERT_TRUE(std::isfinite(v));
@@ -96,10 +98,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{4, 4, 64, 4, 128, 64, 1, Activation::kSiLU, DType::kBF16}));
 
 TEST_F(FusedMoeCuda, BadExpertIndexRaisesOnSync) {
-  const Case c{4, 4, 64, 8, 256, 128, 2, Activation::kSiLU, DType::kBF16};
+  // Group size 32 and bf16 scales: 16-byte rows of scales, so the bulk-copy kernels take it by default.
+  const Case c{4, 4, 32, 8, 256, 256, 2, Activation::kSiLU, DType::kBF16};
   Problem p = test::make_moe_problem(c, 5);
   p.idx[1] = 8;  // one past the last expert
-  for (const std::string env : {"", "MOECEL_CUDA_DECODE_MMA=1"}) {
+  for (const std::string env : {"", "MOECEL_CUDA_DECODE_MMA=1", "MOECEL_CUDA_FUSED_BULK=0"}) {
     for (bool fused : {true, false}) {
       try {
         run_cuda(p, c.act, fused, env);

@@ -57,6 +57,7 @@ void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& g
   a.down_rows_per_warp = im.fused_down_rows_per_warp;
   a.max_slot_batch = im.fused_slot_batch;
   a.b_prefetch = im.fused_b_prefetch;
+  a.bulk = im.fused_bulk;
   cuda::launch_fused_moe(im.ctx, a);
 }
 

@@ -7,17 +7,13 @@
 #include <algorithm>
 
 #include "backend/cuda/fused_moe.cuh"
-#include "backend/cuda/qdot.cuh"
+#include "backend/cuda/fused_moe_dot.cuh"
 
 namespace moecel::cuda {
 namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-
-__device__ __forceinline__ bool valid_expert(int32_t e, int64_t n) {
-  return e >= 0 && e < n;
-}
 
 // R rows of NV weights (row i belongs to weight i / (R / NV)) as 32-bit row indices into the flattened
 // (n_experts * out) rows: a few registers per row instead of three 64-bit pointers, which kept occupancy low.
@@ -50,21 +46,6 @@ __device__ __forceinline__ void bind(RowSet<BITS, ST, R, NV>& rs, int v, const W
   rs.b[v] = static_cast<const ST*>(wv.biases);
   rs.words_per_row = wv.in / kChunk * BITS;
   rs.groups = wv.in / wv.group_size;
-}
-
-// acc[i] += row i's chunk c . xs (staged vector x_of(i), with its chunk sums), in the gather path's order. Rows
-// with the same vector (x_of(i) == x_of(0) for every i with SHARED) read the chunk's sum once.
-template <int BITS, int R, bool SHARED = false, class XOf>
-__device__ __forceinline__ void dot_step(const uint32_t (&wd)[R][BITS], const float (&sc)[R], const float (&bi)[R],
-                                         int64_t c, XOf x_of, float (&acc)[R]) {
-  float shared_sum = 0.0f;
-  if constexpr (SHARED) shared_sum = staged_xsum(x_of(0) + c * kChunkPad);
-#pragma unroll
-  for (int i = 0; i < R; ++i) {
-    const float* xc = x_of(i) + c * kChunkPad;
-    const float xsum = SHARED ? shared_sum : staged_xsum(xc);
-    acc[i] = chunk_fma(sc[i], bi[i], chunk_qx<BITS>(wd[i], xc, xsum), xsum, acc[i]);
-  }
 }
 
 // Grid (ceil(ffn / (kWarps * RPW)), k); dynamic shared memory: x staged, (hidden / 32) * kChunkPad floats.
@@ -367,15 +348,16 @@ void launch_b(const Ctx& ctx, const FusedMoeArgs& a) {
 
 template <typename ST>
 void launch_typed(const Ctx& ctx, FusedMoeArgs a) {
-  if (launch_fused_gate_up_mma(ctx, a)) {
-  } else if (a.gate.bits == 4) {
+  if (!launch_fused_gate_up_mma(ctx, a)) {
     a.act_staged = nullptr;  // only the tensor-core kernel A stages act for kernel B
-    launch_a<4, ST>(ctx, a);
-  } else {
-    a.act_staged = nullptr;
-    launch_a<8, ST>(ctx, a);
+    if (launch_fused_gate_up_bulk(ctx, a)) {
+    } else if (a.gate.bits == 4) {
+      launch_a<4, ST>(ctx, a);
+    } else {
+      launch_a<8, ST>(ctx, a);
+    }
   }
-  if (launch_fused_down_mma(ctx, a)) return;
+  if (launch_fused_down_mma(ctx, a) || launch_fused_down_bulk(ctx, a)) return;
   switch (a.down.bits) {
     case 4: launch_b<4, ST>(ctx, a); break;
     case 6: launch_b<6, ST>(ctx, a); break;

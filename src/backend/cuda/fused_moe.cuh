@@ -28,6 +28,7 @@ struct FusedMoeArgs {
   int down_rows_per_warp = 1;  // kernel B: 1 or 2
   int max_slot_batch = 4;      // kernel B: most slots staged and loaded together (8, 4, 2 or 1)
   bool b_prefetch = true;      // kernel B loads its first weights before waiting for kernel A
+  bool bulk = true;            // kernels A and B fed by bulk copies where they apply (fused_moe_bulk.cu)
 };
 
 // Launches kernels A and B. Preconditions (checked): gate/up bits equal and in {4, 8}; down bits in {4, 6, 8};
@@ -43,5 +44,9 @@ size_t fused_act_bytes(int64_t ffn, int k);
 // (decode_mma_applies). Each returns false, launching nothing, where it does not apply.
 bool launch_fused_gate_up_mma(const Ctx& ctx, const FusedMoeArgs& a);
 bool launch_fused_down_mma(const Ctx& ctx, const FusedMoeArgs& a);
+// Internal: kernels A and B fed by bulk copies (fused_moe_bulk.cu) for 4-/8-bit experts whose rows of scales are
+// multiples of 16 bytes, up to 16 selected experts, where their shared memory fits. Same contract as above.
+bool launch_fused_gate_up_bulk(const Ctx& ctx, const FusedMoeArgs& a);
+bool launch_fused_down_bulk(const Ctx& ctx, const FusedMoeArgs& a);
 
 }  // namespace moecel::cuda
