@@ -298,14 +298,16 @@ TEST_F(CudaOps, KvStoreAndAttention) {
     int n_heads, n_kv_heads, head_dim, window;
   };
   const int64_t max_pos = 1200;
+  // Prefill steps take the tiled kernel (32 queries per block, 32-key tiles) where head_dim % 4 == 0, the per-token
+  // kernel otherwise (head_dim 30); 300 tokens span many query and key tiles, with and without a window.
   for (const Case& c : {Case{kHeads, kHeads, kHeadDim, 0}, Case{32, 8, 64, 0}, Case{8, 2, 128, 5}, Case{6, 3, 80, 0},
-                        Case{4, 1, 256, 17}, Case{2, 2, 32, 0}}) {
+                        Case{4, 1, 256, 17}, Case{2, 2, 32, 0}, Case{3, 1, 30, 40}, Case{4, 2, 128, 45}}) {
     const int64_t q_width = int64_t(c.n_heads) * c.head_dim, kv_width = int64_t(c.n_kv_heads) * c.head_dim;
     const float scale = float(1.0 / std::sqrt(double(c.head_dim)));
     struct Step {
       int64_t pos0, n;
     };
-    for (const Step& s : {Step{0, 1}, Step{100, 1}, Step{1000, 1}, Step{0, 7}, Step{37, 64}}) {
+    for (const Step& s : {Step{0, 1}, Step{100, 1}, Step{1000, 1}, Step{0, 7}, Step{37, 64}, Step{5, 300}}) {
       // Cache rows before pos0 hold earlier tokens; the step stores its own k, v first.
       Tensor kc = host_random(DType::kF32, {max_pos, kv_width}, rng);
       Tensor vc = host_random(DType::kF32, {max_pos, kv_width}, rng);

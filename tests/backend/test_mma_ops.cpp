@@ -119,7 +119,9 @@ TEST_F(CudaOps, MmaOddShapes) {
       for (DType sd : {DType::kF32, DType::kF16, DType::kBF16}) {
         const std::string what =
             "bits " + std::to_string(bits) + " group " + std::to_string(gs) + " scales " + dtype_str(sd);
-        // Rows below, at and past one 128-row block; one to five groups; tiles of 5 .. 129 tokens.
+        // Rows below, at and past one 128-row block; one to five groups; tiles of 5 .. 129 tokens. (Plain products of
+        // up to 256 rows take the matrix-vector kernel, linear_prefers_gemv; the gather calls below keep partial
+        // row blocks on the tiled kernels.)
         for (int64_t out : {int64_t(1), int64_t(13), int64_t(128), int64_t(257)}) {
           const int64_t in = gs * (1 + rng.below(5));
           check_linear_modes(*this, cu(), make_quant(0, out, in, bits, gs, sd, rng), 5 + rng.below(125), rng, what);
@@ -172,9 +174,10 @@ TEST_F(CudaOps, MmaUnalignedInputFallsBack) {
 
 TEST_F(CudaOps, MmaModeRejectsUnknownValue) {
   Rng rng(107);
-  const LinearWeight dw = cu().to_device(make_quant(0, 32, 64, 4, 32, DType::kF16, rng));
+  // More rows than the matrix-vector kernel takes at any token count (linear_prefers_gemv).
+  const LinearWeight dw = cu().to_device(make_quant(0, 512, 64, 4, 32, DType::kF16, rng));
   MmaMode mode("yes");
-  Tensor got = cu().alloc(DType::kF32, {64, 32});
+  Tensor got = cu().alloc(DType::kF32, {64, 512});
   EXPECT_THROW(cu().linear(dw, cu().to_device(host_random(DType::kF32, {64, 64}, rng)), got), Error);
 }
 

@@ -2,8 +2,8 @@
 // first + w, first + w + W, ...;
 // each lane holds head_dim / 32 dims (lane + 32 j: coalesced rows), the warp reduces q . k with shuffles and
 // keeps its own online-softmax state (max, sum, weighted V); the W states are merged through shared memory.
-// Decode and prefill share the kernel (prefill: grid.y = tokens). Split-K for long contexts and a tensor-core
-// prefill kernel are later steps.
+// Decode uses it; prefill takes the tiled kernel (attention_prefill.cu) and falls back to this one (grid.y = tokens)
+// for head sizes that kernel does not take. Split-K for long contexts is a later step.
 #include "backend/cuda/attention.cuh"
 
 namespace moecel::cuda {
@@ -115,6 +115,10 @@ void launch_attention(const Ctx& ctx, const float* q, const float* k_cache, cons
   CUDA_REQUIRE(head_dim > 0 && head_dim <= kMaxHeadDim, "attention: head_dim must be in [1, 256]");
   CUDA_REQUIRE(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "attention: n_heads must be a multiple of n_kv_heads");
   CUDA_REQUIRE(pos0 >= 0 && n_tokens <= 65535, "attention: bad pos0 / token count");
+  if (launch_attention_prefill(ctx, q, k_cache, v_cache, pos0, n_tokens, n_heads, n_kv_heads, head_dim, scale, window,
+                               out)) {
+    return;
+  }
   const dim3 grid{unsigned(n_heads), unsigned(n_tokens)};
   switch ((head_dim + 31) / 32) {
 #define MOECEL_ATTN_CASE(V) \

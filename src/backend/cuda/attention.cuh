@@ -1,5 +1,5 @@
 // Causal attention over the KV cache with GQA and an optional sliding window (f32, online softmax).
-// Used by: CudaBackend::attention.
+// Used by: CudaBackend::attention (decode: attention.cu; prefill: attention_prefill.cu).
 #pragma once
 #include <cstdint>
 
@@ -14,5 +14,11 @@ constexpr int kMaxHeadDim = 256;
 // first = window > 0 ? max(0, pos0 + t - window + 1) : 0; query head h reads kv head h / (n_heads / n_kv_heads).
 void launch_attention(const Ctx& ctx, const float* q, const float* k_cache, const float* v_cache, int64_t pos0,
                       int64_t n_tokens, int n_heads, int n_kv_heads, int head_dim, float scale, int window, float* out);
+
+// Internal (attention_prefill.cu): the same for n_tokens >= 2 in tiles of queries that share their key rows, where
+// head_dim % 4 == 0 and head_dim <= 256; returns false, launching nothing, otherwise.
+bool launch_attention_prefill(const Ctx& ctx, const float* q, const float* k_cache, const float* v_cache, int64_t pos0,
+                              int64_t n_tokens, int n_heads, int n_kv_heads, int head_dim, float scale, int window,
+                              float* out);
 
 }  // namespace moecel::cuda

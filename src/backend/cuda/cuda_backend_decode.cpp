@@ -101,6 +101,26 @@ cuda::GemvFusion norm_fusion(const Tensor& norm_weight, float eps, int64_t d) {
   return f;
 }
 
+// Many tokens: the norm, then the products of all the weights in one launch of the tensor-core kernel (OLMoE's q, k
+// and v at 512 tokens were three launches of 128 blocks, one per SM); the products one by one where it declines.
+void norm_linears_prefill(CudaBackend& be, const cuda::Ctx& ctx, const Tensor& x, const Tensor& norm_weight, float eps,
+                          std::span<const LinearWeight* const> ws, std::span<Tensor* const> ys, Tensor* xn_out) {
+  const int64_t n = x.numel() / norm_weight.numel();
+  Tensor xn = xn_out ? *xn_out : be.scratch(DType::kF32, x.shape);
+  be.rms_norm(x, norm_weight, eps, xn);
+  cuda::WeightView views[cuda::kMaxGemvParts];
+  float* outs[cuda::kMaxGemvParts];
+  for (size_t i = 0; i < ws.size(); ++i) {
+    views[i] = weight_view(*ws[i], "rms_norm_linears");
+    check_f32(*ys[i], "rms_norm_linears output");
+    check_rows(*ys[i], n, ws[i]->out, ws[i]->name.c_str());
+    check_no_overlap(xn, *ys[i], "rms_norm_linears");
+    outs[i] = ys[i]->ptr<float>();
+  }
+  if (cuda::launch_gemm_parts(ctx, std::span(views, ws.size()), std::span(outs, ws.size()), xn.ptr<float>(), n)) return;
+  for (size_t i = 0; i < ws.size(); ++i) be.linear(*ws[i], xn, *ys[i]);
+}
+
 }  // namespace
 
 void CudaBackend::rms_norm_linears(const Tensor& x, const Tensor& norm_weight, float eps,
@@ -108,12 +128,12 @@ void CudaBackend::rms_norm_linears(const Tensor& x, const Tensor& norm_weight, f
                                    Tensor* xn_out) {
   MOECEL_CHECK(ws.size() == ys.size(), "rms_norm_linears: {} weights but {} outputs", ws.size(), ys.size());
   const int64_t d = norm_weight.numel();
-  if (!(impl_->fusions & 1) || d == 0 || !fusable(ws, d) || x.numel() % d != 0 ||
-      x.numel() / d > cuda::kGemvMaxTokens) {
+  if (!(impl_->fusions & 1) || d == 0 || !fusable(ws, d) || x.numel() % d != 0) {
     return Backend::rms_norm_linears(x, norm_weight, eps, ws, ys, xn_out);
   }
   check_f32(x, "rms_norm_linears input");
   const int64_t n = x.numel() / d;
+  if (n > cuda::kGemvMaxTokens) return norm_linears_prefill(*this, impl_->ctx, x, norm_weight, eps, ws, ys, xn_out);
   cuda::WeightView views[cuda::kMaxGemvParts];
   float* outs[cuda::kMaxGemvParts];
   for (size_t i = 0; i < ws.size(); ++i) {

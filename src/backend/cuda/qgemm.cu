@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "backend/cuda/qmatmul.cuh"
@@ -220,20 +221,37 @@ void launch_gemm_simt(const Ctx& ctx, const WeightView& w, const float* x, const
   }
 }
 
-void launch_gemm(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
-                 const TileList* tiles, int64_t max_tiles, float* y) {
-  // Read on every call (a getenv per launch is nothing next to a prefill GEMM), so tests can switch it.
+namespace {
+
+// MOECEL_CUDA_MMA: the tensor-core kernel's precision, or nothing for the CUDA-core kernel (0). Read on every call
+// (a getenv per launch is nothing next to a prefill GEMM), so tests can switch it.
+std::optional<MmaPrecision> mma_mode() {
   const char* env = std::getenv("MOECEL_CUDA_MMA");
   const std::string mode = env ? env : "";
   CUDA_REQUIRE(mode.empty() || mode == "0" || mode == "1" || mode == "fast",
                "MOECEL_CUDA_MMA must be 0 (CUDA cores), 1 (tensor cores, the default) or fast (tensor cores, x "
                "rounded to bf16); got '" +
                    mode + "'");
-  if (mode != "0") {
-    const MmaPrecision precision = mode == "fast" ? MmaPrecision::kBf16X : MmaPrecision::kSplitX;
-    if (launch_gemm_mma(ctx, w, x, map, n_pairs, tiles, max_tiles, y, precision)) return;
+  if (mode == "0") return std::nullopt;
+  return mode == "fast" ? MmaPrecision::kBf16X : MmaPrecision::kSplitX;
+}
+
+}  // namespace
+
+void launch_gemm(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
+                 const TileList* tiles, int64_t max_tiles, float* y) {
+  if (const auto precision = mma_mode()) {
+    if (launch_gemm_mma(ctx, w, x, map, n_pairs, tiles, max_tiles, y, *precision)) return;
   }
   launch_gemm_simt(ctx, w, x, map, n_pairs, tiles, max_tiles, y);
+}
+
+bool launch_gemm_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
+                       int64_t n_tokens) {
+  for (const WeightView& w : ws)  // launch_linear would run this one elsewhere: keep its arithmetic
+    if (linear_prefers_gemv(w, n_tokens)) return false;
+  const auto precision = mma_mode();
+  return precision && launch_gemm_mma_parts(ctx, ws, ys, x, n_tokens, *precision);
 }
 
 size_t route_scratch_bytes(int64_t n_experts, int64_t n_pairs) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <span>
 
 #include "backend/cuda/mma_frag.cuh"
 #include "backend/cuda/qmatmul.cuh"
@@ -93,6 +94,13 @@ struct MmaArgs {
   int64_t n_pairs;
   TileList tiles;  // tiles.order == nullptr: plain linear
   int64_t max_tiles;
+  // Up to three weights of one input in one launch (q, k and v): part i takes the row blocks [part_end[i - 1],
+  // part_end[i]) of grid.x and writes its own y; w and y above are part 0's.
+  int n_parts = 1;
+  unsigned part_end[2] = {0, 0};
+  WeightView w1, w2;
+  float* y1 = nullptr;
+  float* y2 = nullptr;
 };
 
 // Values j and j + 4 of 8 consecutive bf16 (u.x = (v0, v1), ..., u.w = (v6, v7)) as bf16x2.
@@ -123,11 +131,21 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
   const int wm = warp % kWarpsM, wn = warp / kWarpsM;  // this warp: rows 32 wm .., pairs 32 wn ..
   const int grp_id = lane >> 2, tig = lane & 3;
   const int cp = tid >> 2, cc = tid & 3;  // conversion: pair cp, values [8 cc, 8 cc + 8) of each slice
-  const int64_t in = a.w.in, out = a.w.out;
-  const int64_t row0 = int64_t(blockIdx.x) * kBM;
+  // This block's part (branches, not an indexed parameter array, which would go through local memory).
+  WeightView w = a.w;
+  float* y = a.y;
+  unsigned first_block = 0;
+  if (a.n_parts > 1 && blockIdx.x >= a.part_end[0]) {
+    const bool third = a.n_parts > 2 && blockIdx.x >= a.part_end[1];
+    w = third ? a.w2 : a.w1;
+    y = third ? a.y2 : a.y1;
+    first_block = third ? a.part_end[1] : a.part_end[0];
+  }
+  const int64_t in = w.in, out = w.out;
+  const int64_t row0 = int64_t(blockIdx.x - first_block) * kBM;
   const int n_steps = int((in + kBK - 1) / kBK);
-  const int spg = kQuant ? a.w.group_size / kBK : 1;  // slices per quantization group
-  const int64_t groups = kQuant ? in / a.w.group_size : 0;
+  const int spg = kQuant ? w.group_size / kBK : 1;  // slices per quantization group
+  const int64_t groups = kQuant ? in / w.group_size : 0;
   const int64_t w_row_bytes = kQuant ? in * kBits / 8 : in * 2;
   const bool routed = a.tiles.order != nullptr;
   const int64_t n_tiles = routed ? min(int64_t(*a.tiles.n_tiles), a.max_tiles) : (a.n_pairs + kBN - 1) / kBN;
@@ -148,9 +166,9 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
     }
     __syncthreads();
 
-    const unsigned char* wbase = static_cast<const unsigned char*>(a.w.w) + expert * out * w_row_bytes;
-    const ST* sbase = kQuant ? static_cast<const ST*>(a.w.scales) + expert * out * groups : nullptr;
-    const ST* bbase = kQuant && a.w.biases ? static_cast<const ST*>(a.w.biases) + expert * out * groups : nullptr;
+    const unsigned char* wbase = static_cast<const unsigned char*>(w.w) + expert * out * w_row_bytes;
+    const ST* sbase = kQuant ? static_cast<const ST*>(w.scales) + expert * out * groups : nullptr;
+    const ST* bbase = kQuant && w.biases ? static_cast<const ST*>(w.biases) + expert * out * groups : nullptr;
 
     // Slice st of x and of the weight rows into pipeline slot st % kStages. Rows past `out` and values past `in`
     // are zero-filled; columns without a pair are skipped (their outputs are never stored, and an MMA column
@@ -233,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
       const bool group_end = kQuant && (s + 1) % spg == 0;
       float sc[2][2] = {}, bi[2][2] = {};
       if (group_end) {  // issued before the MMAs, which hide the latency
-        const int64_t grp = int64_t(s) * kBK / a.w.group_size;
+        const int64_t grp = int64_t(s) * kBK / w.group_size;
 #pragma unroll
         for (int mf = 0; mf < 2; ++mf)
 #pragma unroll
@@ -371,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
           for (int i = 0; i < 4; ++i) {
             const int pair = pair_of[32 * wn + 8 * nf + 2 * tig + (i & 1)];
             const int64_t row = row0 + 32 * wm + 16 * mf + grp_id + 8 * (i >> 1);
-            if (pair >= 0 && row < out) a.y[int64_t(pair) * out + row] = acc[mf][nf][i];
+            if (pair >= 0 && row < out) y[int64_t(pair) * out + row] = acc[mf][nf][i];
           }
         }
     }
@@ -445,7 +463,44 @@ bool launch_gemm_mma(const Ctx& ctx, const WeightView& w, const float* x, const 
   const int64_t tile_blocks = tiles ? max_tiles : (n_pairs + kBN - 1) / kBN;
   CUDA_REQUIRE(row_blocks < (int64_t(1) << 31), "gemm (mma): too many output rows");
   const dim3 grid{unsigned(row_blocks), unsigned(std::min<int64_t>(std::max<int64_t>(tile_blocks, 1), 65535))};
-  const MmaArgs a{w, x, y, map, n_pairs, tiles ? *tiles : TileList{}, max_tiles};
+  MmaArgs a{w, x, y, map, n_pairs, tiles ? *tiles : TileList{}, max_tiles};
+  if (precision == MmaPrecision::kSplitX) {
+    launch_format<true>(ctx, grid, a);
+  } else {
+    launch_format<false>(ctx, grid, a);
+  }
+  return true;
+}
+
+bool launch_gemm_mma_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
+                           int64_t n_tokens, MmaPrecision precision) {
+  CUDA_REQUIRE(!ws.empty() && ws.size() <= 3 && ys.size() == ws.size(), "gemm (mma): 1 to 3 weights, one output each");
+  const WeightView& w = ws[0];
+  for (const WeightView& v : ws) {
+    if (v.in != w.in || v.bits != w.bits || v.group_size != w.group_size || v.stype != w.stype || v.wtype != w.wtype ||
+        v.n_stack != 1 || !mma_gemm_supported(ctx, v, x, precision)) {
+      return false;
+    }
+  }
+  if (n_tokens == 0) return true;
+  CUDA_REQUIRE(n_tokens > 0 && n_tokens < (int64_t(1) << 31), "gemm (mma): bad token count");
+  MmaArgs a{w, x, ys[0], PairMap{nullptr, 1, true}, n_tokens, TileList{}, 0};
+  a.n_parts = int(ws.size());
+  int64_t blocks = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    blocks += (ws[i].out + kBM - 1) / kBM;
+    CUDA_REQUIRE(blocks < (int64_t(1) << 31), "gemm (mma): too many output rows");
+    if (i < 2) a.part_end[i] = unsigned(blocks);
+  }
+  if (ws.size() > 1) {
+    a.w1 = ws[1];
+    a.y1 = ys[1];
+  }
+  if (ws.size() > 2) {
+    a.w2 = ws[2];
+    a.y2 = ys[2];
+  }
+  const dim3 grid{unsigned(blocks), unsigned(std::min<int64_t>((n_tokens + kBN - 1) / kBN, 65535))};
   if (precision == MmaPrecision::kSplitX) {
     launch_format<true>(ctx, grid, a);
   } else {

@@ -125,6 +125,19 @@ enum class MmaPrecision : int {
 // 16-byte aligned w and x; enough shared memory).
 bool launch_gemm_mma(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
                      const TileList* tiles, int64_t max_tiles, float* y, MmaPrecision precision);
+// Whether launch_linear tries the matrix-vector kernel first for this weight and token count (few tokens, or a
+// matrix short enough that the tiled kernel would leave most of the GPU idle).
+bool linear_prefers_gemv(const WeightView& w, int64_t n_tokens);
+// Up to three weights of one input (same in, bits, group size and types; not stacked) in one launch of the
+// tensor-core kernel, ys[i] = x @ ws[i]^T for n_tokens rows of x. Returns false, launching nothing, where that kernel
+// does not take them.
+bool launch_gemm_mma_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
+                           int64_t n_tokens, MmaPrecision precision);
+// launch_gemm_mma_parts at the precision MOECEL_CUDA_MMA selects. False, launching nothing, with MOECEL_CUDA_MMA=0,
+// where a weight would take the matrix-vector kernel in launch_linear (so results match it), or where the
+// tensor-core kernel does not take the weights.
+bool launch_gemm_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
+                       int64_t n_tokens);
 // Groups the pairs by expert and builds the tile list in `scratch` (layout: see qgemm.cu).
 TileList launch_route(const Ctx& ctx, const WeightView& w, const int32_t* indices, int64_t n_pairs, float* y,
                       void* scratch, int64_t* max_tiles);
