@@ -101,6 +101,18 @@ cuda::GemvFusion norm_fusion(const Tensor& norm_weight, float eps, int64_t d) {
   return f;
 }
 
+// The device views of a fused launch's weights and outputs, checked: ys[i] (n, ws[i]->out), not overlapping `input`.
+void linear_views(std::span<const LinearWeight* const> ws, std::span<Tensor* const> ys, int64_t n, const Tensor& input,
+                  cuda::WeightView* views, float** outs) {
+  for (size_t i = 0; i < ws.size(); ++i) {
+    views[i] = weight_view(*ws[i], "rms_norm_linears");
+    check_f32(*ys[i], "rms_norm_linears output");
+    check_rows(*ys[i], n, ws[i]->out, ws[i]->name.c_str());
+    check_no_overlap(input, *ys[i], "rms_norm_linears");
+    outs[i] = ys[i]->ptr<float>();
+  }
+}
+
 // Many tokens: the norm, then the products of all the weights in one launch of the tensor-core kernel (OLMoE's q, k
 // and v at 512 tokens were three launches of 128 blocks, one per SM); the products one by one where it declines.
 void norm_linears_prefill(CudaBackend& be, const cuda::Ctx& ctx, const Tensor& x, const Tensor& norm_weight, float eps,
@@ -110,13 +122,7 @@ void norm_linears_prefill(CudaBackend& be, const cuda::Ctx& ctx, const Tensor& x
   be.rms_norm(x, norm_weight, eps, xn);
   cuda::WeightView views[cuda::kMaxGemvParts];
   float* outs[cuda::kMaxGemvParts];
-  for (size_t i = 0; i < ws.size(); ++i) {
-    views[i] = weight_view(*ws[i], "rms_norm_linears");
-    check_f32(*ys[i], "rms_norm_linears output");
-    check_rows(*ys[i], n, ws[i]->out, ws[i]->name.c_str());
-    check_no_overlap(xn, *ys[i], "rms_norm_linears");
-    outs[i] = ys[i]->ptr<float>();
-  }
+  linear_views(ws, ys, n, xn, views, outs);
   if (cuda::launch_gemm_parts(ctx, std::span(views, ws.size()), std::span(outs, ws.size()), xn.ptr<float>(), n)) return;
   for (size_t i = 0; i < ws.size(); ++i) be.linear(*ws[i], xn, *ys[i]);
 }
@@ -136,13 +142,7 @@ void CudaBackend::rms_norm_linears(const Tensor& x, const Tensor& norm_weight, f
   if (n > cuda::kGemvMaxTokens) return norm_linears_prefill(*this, impl_->ctx, x, norm_weight, eps, ws, ys, xn_out);
   cuda::WeightView views[cuda::kMaxGemvParts];
   float* outs[cuda::kMaxGemvParts];
-  for (size_t i = 0; i < ws.size(); ++i) {
-    views[i] = weight_view(*ws[i], "rms_norm_linears");
-    check_f32(*ys[i], "rms_norm_linears output");
-    check_rows(*ys[i], n, ws[i]->out, ws[i]->name.c_str());
-    check_no_overlap(x, *ys[i], "rms_norm_linears");
-    outs[i] = ys[i]->ptr<float>();
-  }
+  linear_views(ws, ys, n, x, views, outs);
   cuda::GemvFusion f = norm_fusion(norm_weight, eps, d);
   if (xn_out) {
     check_f32(*xn_out, "rms_norm_linears normalized output");

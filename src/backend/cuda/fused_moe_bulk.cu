@@ -39,8 +39,17 @@ struct RowTile {
   unsigned char* base;
   int64_t row_bytes, srow_bytes;
   int n_rows;
-  __device__ const uint32_t* words(int r, int64_t c) const {
-    return reinterpret_cast<const uint32_t*>(base + r * row_bytes) + c * BITS;
+  // The BITS packed words of chunk c of row r (16-byte aligned: BITS is 4 or 8).
+  __device__ void load(int r, int64_t c, uint32_t (&wd)[BITS]) const {
+    const uint4* p = reinterpret_cast<const uint4*>(reinterpret_cast<const uint32_t*>(base + r * row_bytes) + c * BITS);
+#pragma unroll
+    for (int v = 0; v < BITS / 4; ++v) {
+      const uint4 q = p[v];
+      wd[4 * v] = q.x;
+      wd[4 * v + 1] = q.y;
+      wd[4 * v + 2] = q.z;
+      wd[4 * v + 3] = q.w;
+    }
   }
   __device__ float scale(int r, int64_t g) const {
     return to_f32(reinterpret_cast<const ST*>(base + n_rows * row_bytes + r * srow_bytes)[g]);
@@ -134,15 +143,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(RPW)) fused_gate_up_bulk_
     for (int i = 0; i < R; ++i) {
       const RowTile<BITS, ST>& t = i < RPW ? gt : ut;
       const int r = lr[i % RPW];
-      const uint4* p = reinterpret_cast<const uint4*>(t.words(r, c));
-#pragma unroll
-      for (int v = 0; v < BITS / 4; ++v) {
-        const uint4 q = p[v];
-        wd[i][4 * v] = q.x;
-        wd[i][4 * v + 1] = q.y;
-        wd[i][4 * v + 2] = q.z;
-        wd[i][4 * v + 3] = q.w;
-      }
+      t.load(r, c, wd[i]);
       sc[i] = t.scale(r, g);
       bi[i] = t.bias(r, g);
     }
@@ -206,15 +207,7 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_kernel(FusedMoeArgs 
     float acc[1] = {0.0f};
     for (int64_t c = lane; c < n_chunks; c += 32) {
       uint32_t wd[1][BITS];
-      const uint4* p = reinterpret_cast<const uint4*>(t.words(lr, c));
-#pragma unroll
-      for (int v = 0; v < BITS / 4; ++v) {
-        const uint4 q = p[v];
-        wd[0][4 * v] = q.x;
-        wd[0][4 * v + 1] = q.y;
-        wd[0][4 * v + 2] = q.z;
-        wd[0][4 * v + 3] = q.w;
-      }
+      t.load(lr, c, wd[0]);
       const float sc[1] = {t.scale(lr, c >> gshift)}, bi[1] = {t.bias(lr, c >> gshift)};
       dot_step<BITS, 1>(wd, sc, bi, c, x_of, acc);
     }
