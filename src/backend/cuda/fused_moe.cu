@@ -108,13 +108,7 @@ __global__ void __launch_bounds__(kThreads) fused_gate_up_kernel(FusedMoeArgs a,
     rows.load(c, c >> gshift, wd[0], sc[0], bi[0]);
     dot_step<BITS, R, true>(wd[0], sc[0], bi[0], c, x_of, acc);
   }
-#pragma unroll
-  for (int i = 0; i < R; ++i) acc[i] = warp_sum(acc[i]);
-  if (lane == 0) {
-#pragma unroll
-    for (int i = 0; i < RPW; ++i)
-      if (row0 + i < ffn) a.act[j * ffn + row0 + i] = glu_value<ACT>(acc[i], acc[RPW + i]);
-  }
+  write_act<ACT, RPW>(acc, a.act, j, ffn, row0, lane);
 }
 
 // Kernel A as a software pipeline: a grid sized to fill the GPU once, each warp walking rows n = gw, gw + W, ...

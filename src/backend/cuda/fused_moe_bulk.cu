@@ -149,13 +149,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(RPW)) fused_gate_up_bulk_
     }
     dot_step<BITS, R, true>(wd, sc, bi, c, x_of, acc);
   }
-#pragma unroll
-  for (int i = 0; i < R; ++i) acc[i] = warp_sum(acc[i]);
-  if (lane == 0) {
-#pragma unroll
-    for (int i = 0; i < RPW; ++i)
-      if (row0 + i < ffn) a.act[j * ffn + row0 + i] = glu_value<ACT>(acc[i], acc[RPW + i]);
-  }
+  write_act<ACT, RPW>(acc, a.act, j, ffn, row0, lane);
 }
 
 // Grid (ceil(hidden / kWarps)), a row per warp. Shared memory: barriers, k tiles of down rows (one per slot), the k

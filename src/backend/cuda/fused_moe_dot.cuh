@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/cuda/moe.cuh"
 #include "backend/cuda/qdot.cuh"
 
 namespace moecel::cuda {
@@ -23,6 +24,21 @@ __device__ __forceinline__ void dot_step(const uint32_t (&wd)[R][BITS], const fl
     const float* xc = x_of(i) + c * kChunkPad;
     const float xsum = SHARED ? shared_sum : staged_xsum(xc);
     acc[i] = chunk_fma(sc[i], bi[i], chunk_qx<BITS>(wd[i], xc, xsum), xsum, acc[i]);
+  }
+}
+
+// Kernel A's epilogue: reduces each of the warp's 2 * RPW row sums (gate rows, then up rows) over the warp and has
+// lane 0 write act[j, row0 + i] = glu(gate_i, up_i) for the rows below ffn: what the gather path's glu kernel
+// computes from its two products.
+template <GluAct ACT, int RPW>
+__device__ __forceinline__ void write_act(float (&acc)[2 * RPW], float* act, int64_t j, int64_t ffn, int64_t row0,
+                                          int lane) {
+#pragma unroll
+  for (int i = 0; i < 2 * RPW; ++i) acc[i] = warp_sum(acc[i]);
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < RPW; ++i)
+      if (row0 + i < ffn) act[j * ffn + row0 + i] = glu_value<ACT>(acc[i], acc[RPW + i]);
   }
 }
 
