@@ -113,6 +113,7 @@ class Bench {
 
     DeviceBuf dw(w.size() * 4), ds(s.size() * 2), db(b.size() * 2), dx(x.size() * 4), dy(size_t(n_pairs * c.out) * 4);
     DeviceBuf didx(std::max<size_t>(idx.size(), 1) * 4), scratch(route_scratch_bytes(n_stack, n_pairs));
+    DeviceBuf gemm_scratch(gemm_scratch_bytes(n_pairs, c.in));  // the f16 split of x
     upload(dw, w);
     upload(ds, s);
     upload(db, b);
@@ -146,7 +147,7 @@ class Bench {
       }
       const MmaPrecision p = kern == Kernel::kMmaSplit ? MmaPrecision::kSplitX : MmaPrecision::kBf16X;
       if (!launch_gemm_mma(ctx_, view, dx.as<float>(), map, n_pairs, gather ? &tiles : nullptr, max_tiles,
-                           dy.as<float>(), p)) {
+                           dy.as<float>(), p, gemm_scratch.p)) {
         throw std::runtime_error("the tensor-core kernel declined the case");
       }
     };

@@ -147,10 +147,51 @@ TEST_F(CudaOps, MmaDenseBf16) {
 
 TEST_F(CudaOps, MmaLargeActivations) {
   Rng rng(105);
-  // |x| up to 3e5: far past f16's 65504, fine in bf16 (f32's exponent range).
+  // |x| up to 3e5: far past f16's 65504 (the f16 split scales each row of x by a power of two first), and |x|
+  // ~1e-25, where f16 would keep nothing of an unscaled x.
   check_linear_modes(*this, cu(), make_quant(0, 256, kHidden, 4, 64, DType::kBF16, rng), 64, rng, "4-bit", 3e5f);
   check_linear_modes(*this, cu(), make_quant(0, 256, kHidden, 8, 32, DType::kF16, rng), 64, rng, "8-bit", 3e5f);
   check_linear_modes(*this, cu(), make_dense(0, 256, 512, DType::kBF16, rng), 64, rng, "dense bf16", 3e5f);
+  check_linear_modes(*this, cu(), make_quant(0, 256, kHidden, 4, 64, DType::kBF16, rng), 64, rng, "4-bit", 1e-25f);
+  check_linear_modes(*this, cu(), make_quant(0, 256, kHidden, 8, 32, DType::kF16, rng), 64, rng, "8-bit", 1e-25f);
+}
+
+TEST_F(CudaOps, MmaRowsOfDifferentMagnitudes) {
+  Rng rng(108);
+  // Rows of one tile from 1e-30 to 1e30 (each row's own scale), a zero row, and a row with one large value among
+  // small ones: every row must be as exact as alone, measured per row.
+  const LinearWeight w = make_quant(0, 256, 512, 4, 64, DType::kF16, rng);
+  const LinearWeight dw = cu().to_device(w);
+  const int64_t n = 70;
+  Tensor x = host_random(DType::kF32, {n, w.in}, rng);
+  float* xv = static_cast<float*>(x.data);
+  for (int64_t t = 0; t < n; ++t) {
+    const float mag = std::pow(10.0f, float(t % 13) * 5.0f - 30.0f);
+    for (int64_t i = 0; i < w.in; ++i) xv[t * w.in + i] *= t == 5 ? 0.0f : mag;
+  }
+  xv[7 * w.in + 3] = 1e6f;  // row 7 (magnitude 1e5): one value 10x the rest
+  Tensor ref = cpu.alloc(DType::kF32, {n, w.out});
+  cpu.linear(w, x, ref);
+  Tensor got = cu().alloc(DType::kF32, {n, w.out});
+  cu().linear(dw, cu().to_device(x), got);
+  const std::vector<float> r = down(ref), g = down(got);
+  for (int64_t t = 0; t < n; ++t) {
+    // The row divided by the reference row's largest magnitude (nmse's floor would hide an error on tiny rows).
+    float peak = 0.0f;
+    for (int64_t o = 0; o < w.out; ++o) peak = std::max(peak, std::fabs(r[size_t(t * w.out + o)]));
+    const auto row = [&](const std::vector<float>& v) {
+      std::vector<float> out(v.begin() + t * w.out, v.begin() + (t + 1) * w.out);
+      if (t != 5) {
+        for (float& e : out) e = float(double(e) / double(peak));
+      }
+      return out;
+    };
+    if (t == 5) {
+      for (float v : row(g)) ASSERT_EQ(v, 0.0f) << "zero row";
+    } else {
+      EXPECT_LE(nmse(row(g), row(r)), kMatmul) << "row " << t;
+    }
+  }
 }
 
 TEST_F(CudaOps, MmaUnalignedInputFallsBack) {

@@ -244,7 +244,8 @@ void CudaBackend::linear(const LinearWeight& w, const Tensor& x, Tensor& y) {
   check_rows(x, n, w.in, w.name.c_str());
   check_rows(y, n, w.out, w.name.c_str());
   check_no_overlap(x, y, "linear");
-  cuda::launch_linear(impl_->ctx, v, x.ptr<float>(), n, y.ptr<float>());
+  const std::shared_ptr<void> scratch = impl_->scratch(cuda::linear_scratch_bytes(v, n));  // see gather_linear
+  cuda::launch_linear(impl_->ctx, v, x.ptr<float>(), n, y.ptr<float>(), scratch.get());
 }
 
 void CudaBackend::gather_linear(const LinearWeight& w, const Tensor& x, const Tensor& indices, Tensor& y) {

@@ -123,7 +123,11 @@ void norm_linears_prefill(CudaBackend& be, const cuda::Ctx& ctx, const Tensor& x
   cuda::WeightView views[cuda::kMaxGemvParts];
   float* outs[cuda::kMaxGemvParts];
   linear_views(ws, ys, n, xn, views, outs);
-  if (cuda::launch_gemm_parts(ctx, std::span(views, ws.size()), std::span(outs, ws.size()), xn.ptr<float>(), n)) return;
+  const Tensor scratch = be.scratch(DType::kF32, {int64_t(cuda::linear_scratch_bytes(views[0], n) + 3) / 4});
+  if (cuda::launch_gemm_parts(ctx, std::span(views, ws.size()), std::span(outs, ws.size()), xn.ptr<float>(), n,
+                              scratch.ptr<float>())) {
+    return;
+  }
   for (size_t i = 0; i < ws.size(); ++i) be.linear(*ws[i], xn, *ys[i]);
 }
 

@@ -1,6 +1,7 @@
 // Tensor-core fragment helpers shared by the prefill kernel (qgemm_mma.cu) and the decode matrix-vector kernels
-// (gemv_mma.cuh): the m16n8k16 bf16 MMA, quantized codes unpacked into centered bf16 pairs, and f32 values split
-// into three bf16 terms. Fragment layouts and the precision argument: qgemm_mma.cu's file comment.
+// (gemv_mma.cuh): the m16n8k16 bf16 and f16 MMAs, quantized codes unpacked into centered bf16 / f16 pairs, and
+// f32 values split into three bf16 or two f16 terms. Fragment layouts and the precision argument: qgemm_mma.cu's file
+// comment.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -38,6 +39,14 @@ __device__ __forceinline__ void mma_bf16(float* d, const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// D += A * B, m16n8k16, f16 inputs, f32 accumulators (same fragment layouts as mma_bf16).
+__device__ __forceinline__ void mma_f16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
   uint32_t u;
   memcpy(&u, &v, 4);
@@ -60,6 +69,32 @@ __device__ __forceinline__ uint32_t q8_pair(uint32_t lo, uint32_t hi, int j) {
   const float a = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7540u | unsigned(j))) - 8388736.0f;
   const float b = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7540u | unsigned(j))) - 8388736.0f;
   return __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x7632u);
+}
+
+// The f16 forms of q4_pair / q8_pair: 0x6400 | q is the f16 of 1024 + q (q < 1024 fills the mantissa of 2^10
+// exactly), and one f16x2 fma subtracts 1024 + z exactly (centered codes have at most 8 significant bits).
+__device__ __forceinline__ uint32_t q4_pair_f16(uint32_t w, int j) {
+  uint32_t v, r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(v) : "r"(w >> (4 * j)), "r"(0x000F000Fu), "r"(0x64006400u));
+  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x3C003C00u), "r"(0xE408E408u));  // v * 1 - 1032
+  return r;
+}
+__device__ __forceinline__ uint32_t q8_pair_f16(uint32_t lo, uint32_t hi, int j) {
+  const unsigned l = unsigned(j), h = 4u + unsigned(j);  // byte selectors: x's bytes are 0-3, y's 4-7
+  const uint32_t b = __byte_perm(lo, hi, l | (l << 4) | (h << 8) | (h << 12));
+  uint32_t v, r;  // bytes j of lo and hi in bits [0, 8) and [16, 24), under the exponent of 1024
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(v) : "r"(b), "r"(0x00FF00FFu), "r"(0x64006400u));
+  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x3C003C00u), "r"(0xE480E480u));  // v * 1 - 1152
+  return r;
+}
+
+// Values a, b (|a|, |b| < 2^15, see row_scale_kernel) as two f16x2 terms (hi, lo; low halves from a) with
+// |a - hi - lo| <= 2^-23 |a| + 2^-25: hi keeps 11 significant bits, a - hi is exact in f32 and lo keeps 11 of its bits.
+__device__ __forceinline__ void split2_f16(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __half2 hh = __floats2half2_rn(a, b);
+  const __half2 lh = __floats2half2_rn(a - __low2float(hh), b - __high2float(hh));
+  memcpy(&hi, &hh, 4);
+  memcpy(&lo, &lh, 4);
 }
 
 // Values a, b as three bf16x2 terms (hi, mid, lo; low halves from a) with a == hi + mid + lo exactly (down to

@@ -239,19 +239,19 @@ std::optional<MmaPrecision> mma_mode() {
 }  // namespace
 
 void launch_gemm(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
-                 const TileList* tiles, int64_t max_tiles, float* y) {
+                 const TileList* tiles, int64_t max_tiles, float* y, void* scratch) {
   if (const auto precision = mma_mode()) {
-    if (launch_gemm_mma(ctx, w, x, map, n_pairs, tiles, max_tiles, y, *precision)) return;
+    if (launch_gemm_mma(ctx, w, x, map, n_pairs, tiles, max_tiles, y, *precision, scratch)) return;
   }
   launch_gemm_simt(ctx, w, x, map, n_pairs, tiles, max_tiles, y);
 }
 
 bool launch_gemm_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
-                       int64_t n_tokens) {
+                       int64_t n_tokens, void* scratch) {
   for (const WeightView& w : ws)  // launch_linear would run this one elsewhere: keep its arithmetic
     if (linear_prefers_gemv(w, n_tokens)) return false;
   const auto precision = mma_mode();
-  return precision && launch_gemm_mma_parts(ctx, ws, ys, x, n_tokens, *precision);
+  return precision && launch_gemm_mma_parts(ctx, ws, ys, x, n_tokens, *precision, scratch);
 }
 
 size_t route_scratch_bytes(int64_t n_experts, int64_t n_pairs) {

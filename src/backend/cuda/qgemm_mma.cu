@@ -19,12 +19,18 @@ namespace {
 // the bias term from the f32 x. Centering matters: with the raw code q in [0, 2^bits) the error of x's
 // representation enters as s * sum(q dx) while y ~ s * sum((q - z) x), so it was amplified 3-10x on real
 // checkpoints (whose codes cluster around z); tiny models amplify a matmul's error another ~30x into the logits.
-// x (f32, any magnitude) becomes bf16, which keeps f32's exponent range (f16 would overflow past 65504):
-//  - kSplitX (default): x = hi + mid + lo, each the bf16 rounding of what is left; three MMAs per fragment. x - hi
-//    has at most 16 significant bits and x - hi - mid at most 8, so the sum is exact (down to |x| ~ 1e-33, where
-//    lo would be a bf16 subnormal) and the products are exact: only the f32 accumulation rounds, as in the CPU
-//    kernels (~1e-13 normalized MSE on small rows). Two terms (16-17 bits) gave ~1e-10 per matmul, which the
-//    golden checkpoints' logits amplified past 1e-4 relative L2.
+// x (f32, any magnitude) becomes 16-bit MMA operands:
+//  - kSplitX (default), quantized weights: each x row is first scaled by a power of two 2^e that puts its largest
+//    magnitude in [2^14, 2^15) (split_x.cu, once per row of x; exact), then split into two f16 terms hi + lo, each the
+//    f16 rounding of what is left; two MMAs per fragment, and y is scaled back by 2^-e (exact). The codes are exact in
+//    f16, hi + lo keeps 22 of x's 24 significant bits (|x - hi - lo| <= 2^-23 |x| + 2^-25 max|x|), and the
+//    products are exact, so the error is that of the f32 accumulation plus about one f32 rounding of x
+//    (~1e-14 normalized MSE on small rows). f16 without the row scale would overflow past 65504 and lose small
+//    values to subnormals; two bf16 terms (16-17 bits) gave ~1e-10 per matmul, which the golden checkpoints'
+//    logits amplified past 1e-4 relative L2.
+//  - kSplitX, dense BF16 weights (the B operand's type must match them): x = hi + mid + lo, each the bf16 rounding
+//    of what is left; three MMAs per fragment. x - hi has at most 16 significant bits and x - hi - mid at most 8,
+//    so the sum is exact (down to |x| ~ 1e-33, where lo would be a bf16 subnormal).
 //  - kBf16X (MOECEL_CUDA_MMA=fast): x = bf16(x) only; relative rounding error <= 2^-8 per element, which gives a
 //    normalized MSE of ~3e-6 against f32 (like running the activations in bf16), at a third of the MMA work.
 // Tensor cores truncate each MMA's f32 sum toward zero, a bias that grows with the length of a chain of MMAs on
@@ -66,24 +72,32 @@ constexpr int kRowBytes = F == Fmt::kQ4   ? 16
                                           : 64;
 
 // Dynamic shared memory (byte offsets, all multiples of 16):
-//   xr   [kStages][kBN][kXrLd] f32     raw x slices as cp.async writes them
+//   xr   [kStages][kBN][kXrLd] f32     raw x slices as cp.async writes them (not with the f16 split)
 //   wq   [kStages][kBM][row bytes]     weight slices (packed words or bf16), rows of 16 / 32 / 64 bytes
-//   xb   [2][kXTerms][kBN][kBK] bf16   converted x (hi, mid, lo), 64-byte rows, each 8-chunk in
-//                                      (k0,k4,k1,k5,k2,k6,k3,k7) order
-//   xsum [2][kBN] f32                  sum of x over the current group, per pair (affine bias term)
+//   xb   [bufs][kXTerms][kBN][kBK]     16-bit x terms (hi, lo or hi, mid, lo), 64-byte rows, each 8-chunk in
+//                                      (k0,k4,k1,k5,k2,k6,k3,k7) order: converted here into 2 buffers, or (f16 split)
+//                                      copied by cp.async from split_x.cu's planes into kStages buffers
+//   xsum [2 or kStages][kBN] f32       sum of x over the current group, per pair (affine bias term): from the
+//                                      conversion, or (f16 split) copied from split_x.cu's sums with the group's
+//                                      last slice into that slice's slot
 //   xoff [kBN] int64, pair [kBN] int   x row offset and pair id of each column (-1: no pair)
+//   xrow [kBN] int, xsc [kBN] float2   x row and its (2^e, 2^-e) of each column (f16 split only)
 template <Fmt F, bool SPLIT>
 struct Layout {
-  static constexpr int kXTerms = SPLIT ? 3 : 1;  // bf16 terms of x: hi (+ mid + lo)
+  static constexpr bool kF16 = SPLIT && F != Fmt::kBF16;  // x as two f16 terms of the row-scaled x
+  static constexpr int kXTerms = !SPLIT ? 1 : kF16 ? 2 : 3;
   static constexpr size_t kXbPlane = size_t(kBN) * kBK * 2;
   static constexpr size_t kXbBuf = kXTerms * kXbPlane;
+  static constexpr int kXbBufs = kF16 ? kStages : 2;
   static constexpr size_t kXr = 0;
-  static constexpr size_t kWq = kXr + size_t(kStages) * kBN * kXrLd * 4;
+  static constexpr size_t kWq = kXr + (kF16 ? 0 : size_t(kStages) * kBN * kXrLd * 4);
   static constexpr size_t kXb = kWq + size_t(kStages) * kBM * kRowBytes<F>;
-  static constexpr size_t kXsum = kXb + 2 * kXbBuf;
-  static constexpr size_t kXoff = kXsum + 2 * kBN * 4;
+  static constexpr size_t kXsum = kXb + kXbBufs * kXbBuf;
+  static constexpr size_t kXoff = kXsum + kXbBufs * kBN * 4;
   static constexpr size_t kPair = kXoff + kBN * 8;
-  static constexpr size_t kBytes = kPair + kBN * 4;
+  static constexpr size_t kXrow = kPair + kBN * 4;
+  static constexpr size_t kXsc = kXrow + (kF16 ? kBN * 4 : 0);
+  static constexpr size_t kBytes = kXsc + (kF16 ? kBN * 8 : 0);
 };
 
 struct MmaArgs {
@@ -94,6 +108,7 @@ struct MmaArgs {
   int64_t n_pairs;
   TileList tiles;  // tiles.order == nullptr: plain linear
   int64_t max_tiles;
+  SplitX sx;  // x already split (quantized weights at MmaPrecision::kSplitX)
   // Up to three weights of one input in one launch (q, k and v): part i takes the row blocks [part_end[i - 1],
   // part_end[i]) of grid.x and writes its own y; w and y above are part 0's.
   int n_parts = 1;
@@ -126,6 +141,8 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
   float* xsum = reinterpret_cast<float*>(smem + L::kXsum);
   int64_t* xoff = reinterpret_cast<int64_t*>(smem + L::kXoff);
   int* pair_of = reinterpret_cast<int*>(smem + L::kPair);
+  int* xrow_of = reinterpret_cast<int*>(smem + L::kXrow);
+  float2* xsc = reinterpret_cast<float2*>(smem + L::kXsc);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % kWarpsM, wn = warp / kWarpsM;  // this warp: rows 32 wm .., pairs 32 wn ..
@@ -162,7 +179,12 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
     if (tid < kBN) {
       const int p = tid < count ? (routed ? a.tiles.order[start + tid] : int(start + tid)) : -1;
       pair_of[tid] = p;
-      xoff[tid] = p < 0 ? 0 : (a.map.x_per_slot ? int64_t(p) : p / a.map.k) * in;
+      const int64_t xrow = p < 0 ? 0 : (a.map.x_per_slot ? int64_t(p) : p / a.map.k);
+      xoff[tid] = xrow * in;
+      if constexpr (L::kF16) {
+        xrow_of[tid] = int(xrow);
+        xsc[tid] = p < 0 ? make_float2(1.0f, 1.0f) : a.sx.scale[xrow];
+      }
     }
     __syncthreads();
 
@@ -178,13 +200,28 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
       const int64_t k0 = int64_t(st) * kBK;
       constexpr int kXChunks = kBN * (kBK / 4), kWChunks = kBM * kChunksPerRow;  // 16-byte chunks per slice
       static_assert(kXChunks % kThreads == 0, "x chunks split evenly over the threads");
-      float* xdst = xr + slot * (kBN * kXrLd);
+      if constexpr (L::kF16) {  // 128 bytes per pair: the slice's hi then lo term (in % 32 == 0: always valid)
+        unsigned char* xdst = xb + slot * L::kXbBuf;
 #pragma unroll
-      for (int j = 0; j < kXChunks / kThreads; ++j) {
-        const int i = tid + j * kThreads, p = i / (kBK / 4), c = i % (kBK / 4);
-        const int64_t k = k0 + 4 * c;
-        const bool valid = k < in;
-        if (p < count) cp_async16(smem_addr(xdst + p * kXrLd + 4 * c), valid ? a.x + xoff[p] + k : a.x, valid);
+        for (int j = 0; j < kXChunks / kThreads; ++j) {
+          const int i = tid + j * kThreads, p = i / 8, c = i % 8;
+          if (p < count) {
+            cp_async16(smem_addr(xdst + (c >> 2) * L::kXbPlane + p * (kBK * 2) + (c & 3) * 16),
+                       a.sx.planes + xoff[p] * 4 + k0 * 4 + c * 16, true);
+          }
+        }
+        if (tid < count && (st + 1) % spg == 0) {  // the group's x sums ride with its last slice
+          cp_async4(smem_addr(xsum + slot * kBN + tid), a.sx.gsum + int64_t(xrow_of[tid]) * groups + st / spg, true);
+        }
+      } else {
+        float* xdst = xr + slot * (kBN * kXrLd);
+#pragma unroll
+        for (int j = 0; j < kXChunks / kThreads; ++j) {
+          const int i = tid + j * kThreads, p = i / (kBK / 4), c = i % (kBK / 4);
+          const int64_t k = k0 + 4 * c;
+          const bool valid = k < in;
+          if (p < count) cp_async16(smem_addr(xdst + p * kXrLd + 4 * c), valid ? a.x + xoff[p] + k : a.x, valid);
+        }
       }
       unsigned char* wdst = wq + slot * (kBM * kRowBytes<F>);
 #pragma unroll
@@ -200,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
       }
     };
 
-    // Slice st of x: f32 -> bf16 (hi, and mid, lo when SPLIT) in fragment order into xb[st & 1]; the group sums
+    // Slice st of x (not with the f16 split): f32 -> bf16 terms in fragment order into xb[st & 1]; the group sums
     // of x go to xsum[st & 1] at the group's last slice.
     float run = 0.0f;  // this thread's part of the current group's sum of x (pair cp)
     auto convert = [&](int st) {
@@ -222,8 +259,8 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
       }
       unsigned char* dst = xb + (st & 1) * L::kXbBuf + cp * (kBK * 2) + cc * 16;
       *reinterpret_cast<uint4*>(dst) = make_uint4(h[0], h[1], h[2], h[3]);
-      if constexpr (SPLIT) {
-        *reinterpret_cast<uint4*>(dst + L::kXbPlane) = make_uint4(m[0], m[1], m[2], m[3]);
+      if constexpr (L::kXTerms > 1) *reinterpret_cast<uint4*>(dst + L::kXbPlane) = make_uint4(m[0], m[1], m[2], m[3]);
+      if constexpr (L::kXTerms > 2) {
         *reinterpret_cast<uint4*>(dst + 2 * L::kXbPlane) = make_uint4(l[0], l[1], l[2], l[3]);
       }
       if constexpr (kQuant) {
@@ -277,20 +314,22 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
           const uint32_t w1 = reinterpret_cast<const uint32_t*>(p1)[tig];
 #pragma unroll
           for (int ks = 0; ks < 2; ++ks) {
-            af[mf][ks][0] = q4_pair(w0, 2 * ks);
-            af[mf][ks][1] = q4_pair(w1, 2 * ks);
-            af[mf][ks][2] = q4_pair(w0, 2 * ks + 1);
-            af[mf][ks][3] = q4_pair(w1, 2 * ks + 1);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const uint32_t wv = (i & 1) ? w1 : w0;
+              af[mf][ks][i] = L::kF16 ? q4_pair_f16(wv, 2 * ks + (i >> 1)) : q4_pair(wv, 2 * ks + (i >> 1));
+            }
           }
         } else if constexpr (F == Fmt::kQ8) {
           const uint2 u0 = reinterpret_cast<const uint2*>(p0)[tig];
           const uint2 u1 = reinterpret_cast<const uint2*>(p1)[tig];
 #pragma unroll
           for (int ks = 0; ks < 2; ++ks) {
-            af[mf][ks][0] = q8_pair(u0.x, u0.y, 2 * ks);
-            af[mf][ks][1] = q8_pair(u1.x, u1.y, 2 * ks);
-            af[mf][ks][2] = q8_pair(u0.x, u0.y, 2 * ks + 1);
-            af[mf][ks][3] = q8_pair(u1.x, u1.y, 2 * ks + 1);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const uint2 u = (i & 1) ? u1 : u0;
+              af[mf][ks][i] = L::kF16 ? q8_pair_f16(u.x, u.y, 2 * ks + (i >> 1)) : q8_pair(u.x, u.y, 2 * ks + (i >> 1));
+            }
           }
         } else {
           const uint4 u0 = reinterpret_cast<const uint4*>(p0)[tig];
@@ -308,19 +347,24 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
       // rows of xb are 64 bytes, so each quarter-warp (2 pairs x 4 chunks) reads 128 consecutive bytes.
       // Straight-line code over all fragments (no per-fragment branches), so the scheduler can interleave the
       // 8 independent accumulator chains; columns past `count` compute garbage that is never stored.
-      const unsigned char* xs = xb + (s & 1) * L::kXbBuf;
+      const unsigned char* xs = xb + (L::kF16 ? s % kStages : s & 1) * L::kXbBuf;
 #pragma unroll
       for (int nf = 0; nf < 4; ++nf) {
         const unsigned char* bp = xs + (32 * wn + 8 * nf + grp_id) * (kBK * 2) + 16 * tig;
         const uint4 bh = *reinterpret_cast<const uint4*>(bp);
         uint4 bm = {}, bl = {};
-        if constexpr (SPLIT) {
-          bm = *reinterpret_cast<const uint4*>(bp + L::kXbPlane);
-          bl = *reinterpret_cast<const uint4*>(bp + 2 * L::kXbPlane);
-        }
+        if constexpr (L::kXTerms > 1) bm = *reinterpret_cast<const uint4*>(bp + L::kXbPlane);
+        if constexpr (L::kXTerms > 2) bl = *reinterpret_cast<const uint4*>(bp + 2 * L::kXbPlane);
 #pragma unroll
         for (int mf = 0; mf < 2; ++mf) {
           float* d = part[mf][nf];
+          if constexpr (L::kF16) {
+            mma_f16(d, af[mf][0], bh.x, bh.y);
+            mma_f16(d, af[mf][1], bh.z, bh.w);
+            mma_f16(d, af[mf][0], bm.x, bm.y);
+            mma_f16(d, af[mf][1], bm.z, bm.w);
+            continue;
+          }
           mma_bf16(d, af[mf][0], bh.x, bh.y);
           mma_bf16(d, af[mf][1], bh.z, bh.w);
           if constexpr (SPLIT) {
@@ -334,13 +378,14 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
       if (group_end) {  // acc += s * sum((q - z) x) + (b + z s) * sum(x), per (row, pair); then part restarts
 #pragma unroll
         for (int nf = 0; nf < 4; ++nf) {
-          const float2 xg = *reinterpret_cast<const float2*>(xsum + (s & 1) * kBN + 32 * wn + 8 * nf + 2 * tig);
+          const int buf = L::kF16 ? s % kStages : s & 1;
+          const float2 xs2 = *reinterpret_cast<const float2*>(xsum + buf * kBN + 32 * wn + 8 * nf + 2 * tig);
 #pragma unroll
           for (int mf = 0; mf < 2; ++mf)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
               const int h = i >> 1;
-              const float xv = (i & 1) ? xg.y : xg.x;
+              const float xv = (i & 1) ? xs2.y : xs2.x;
               acc[mf][nf][i] = fmaf(sc[mf][h], part[mf][nf][i], fmaf(bi[mf][h], xv, acc[mf][nf][i]));
               part[mf][nf][i] = 0.0f;
             }
@@ -366,17 +411,28 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
       if (st < n_steps) issue(st);
       cp_async_commit();  // empty groups keep the wait counts uniform
     }
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    convert(0);
+    if constexpr (L::kF16) {  // x arrives split: iteration s waits for slice s itself
 #pragma unroll 1
-    for (int s = 0; s < n_steps; ++s) {
-      cp_async_wait<kStages - 3>();
+      for (int s = 0; s < n_steps; ++s) {
+        cp_async_wait<kStages - 2>();
+        __syncthreads();  // slice s is visible to every warp, and every warp is done with slot (s - 1) % kStages
+        if (s + kStages - 1 < n_steps) issue(s + kStages - 1);
+        cp_async_commit();
+        if (warp_live) compute(s);
+      }
+    } else {
+      cp_async_wait<kStages - 2>();
       __syncthreads();
-      if (s + kStages - 1 < n_steps) issue(s + kStages - 1);
-      cp_async_commit();
-      if (s + 1 < n_steps) convert(s + 1);
-      if (warp_live) compute(s);
+      convert(0);
+#pragma unroll 1
+      for (int s = 0; s < n_steps; ++s) {
+        cp_async_wait<kStages - 3>();
+        __syncthreads();
+        if (s + kStages - 1 < n_steps) issue(s + kStages - 1);
+        cp_async_commit();
+        if (s + 1 < n_steps) convert(s + 1);
+        if (warp_live) compute(s);
+      }
     }
 
     // C fragment (row grp_id (+8), pairs 2 tig + {0,1}) -> y[pair, row]: 8 consecutive rows per pair and store.
@@ -387,9 +443,12 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
         for (int nf = 0; nf < 4; ++nf) {
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            const int pair = pair_of[32 * wn + 8 * nf + 2 * tig + (i & 1)];
+            const int col = 32 * wn + 8 * nf + 2 * tig + (i & 1);
+            const int pair = pair_of[col];
             const int64_t row = row0 + 32 * wm + 16 * mf + grp_id + 8 * (i >> 1);
-            if (pair >= 0 && row < out) y[int64_t(pair) * out + row] = acc[mf][nf][i];
+            float v = acc[mf][nf][i];
+            if constexpr (L::kF16) v *= xsc[col].y;  // undo the row scale: exact
+            if (pair >= 0 && row < out) y[int64_t(pair) * out + row] = v;
           }
         }
     }
@@ -455,7 +514,7 @@ bool mma_gemm_supported(const Ctx& ctx, const WeightView& w, const float* x, Mma
 }  // namespace
 
 bool launch_gemm_mma(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
-                     const TileList* tiles, int64_t max_tiles, float* y, MmaPrecision precision) {
+                     const TileList* tiles, int64_t max_tiles, float* y, MmaPrecision precision, void* scratch) {
   if (n_pairs == 0 || w.out == 0) return true;
   if (!mma_gemm_supported(ctx, w, x, precision)) return false;
   CUDA_REQUIRE(n_pairs > 0 && n_pairs < (int64_t(1) << 31), "gemm (mma): bad pair count");
@@ -464,6 +523,10 @@ bool launch_gemm_mma(const Ctx& ctx, const WeightView& w, const float* x, const 
   CUDA_REQUIRE(row_blocks < (int64_t(1) << 31), "gemm (mma): too many output rows");
   const dim3 grid{unsigned(row_blocks), unsigned(std::min<int64_t>(std::max<int64_t>(tile_blocks, 1), 65535))};
   MmaArgs a{w, x, y, map, n_pairs, tiles ? *tiles : TileList{}, max_tiles};
+  if (precision == MmaPrecision::kSplitX && w.bits != 0) {
+    a.sx =
+        launch_split_x(ctx, x, map.x_per_slot ? n_pairs : (n_pairs + map.k - 1) / map.k, w.in, w.group_size, scratch);
+  }
   if (precision == MmaPrecision::kSplitX) {
     launch_format<true>(ctx, grid, a);
   } else {
@@ -473,7 +536,7 @@ bool launch_gemm_mma(const Ctx& ctx, const WeightView& w, const float* x, const 
 }
 
 bool launch_gemm_mma_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
-                           int64_t n_tokens, MmaPrecision precision) {
+                           int64_t n_tokens, MmaPrecision precision, void* scratch) {
   CUDA_REQUIRE(!ws.empty() && ws.size() <= 3 && ys.size() == ws.size(), "gemm (mma): 1 to 3 weights, one output each");
   const WeightView& w = ws[0];
   for (const WeightView& v : ws) {
@@ -485,6 +548,8 @@ bool launch_gemm_mma_parts(const Ctx& ctx, std::span<const WeightView> ws, std::
   if (n_tokens == 0) return true;
   CUDA_REQUIRE(n_tokens > 0 && n_tokens < (int64_t(1) << 31), "gemm (mma): bad token count");
   MmaArgs a{w, x, ys[0], PairMap{nullptr, 1, true}, n_tokens, TileList{}, 0};
+  if (precision == MmaPrecision::kSplitX && w.bits != 0)
+    a.sx = launch_split_x(ctx, x, n_tokens, w.in, w.group_size, scratch);
   a.n_parts = int(ws.size());
   int64_t blocks = 0;
   for (size_t i = 0; i < ws.size(); ++i) {

@@ -14,15 +14,26 @@ bool linear_prefers_gemv(const WeightView& w, int64_t n_tokens) {
   return n_tokens <= kGemvMaxTokens || (w.out <= kGemvShortRows && w.bits != 0 && n_tokens <= 65535);
 }
 
-void launch_linear(const Ctx& ctx, const WeightView& w, const float* x, int64_t n_tokens, float* y) {
+size_t linear_scratch_bytes(const WeightView& w, int64_t n_tokens) {
+  return gemm_scratch_bytes(n_tokens, w.in);
+}
+
+void launch_linear(const Ctx& ctx, const WeightView& w, const float* x, int64_t n_tokens, float* y, void* scratch) {
   if (n_tokens == 0 || w.out == 0) return;
   const PairMap map{nullptr, 1, true};  // pair p = token p, expert 0
   if (linear_prefers_gemv(w, n_tokens) && launch_gemv(ctx, w, x, map, n_tokens, y)) return;
-  launch_gemm(ctx, w, x, map, n_tokens, nullptr, 0, y);
+  launch_gemm(ctx, w, x, map, n_tokens, nullptr, 0, y, scratch);
 }
 
+namespace {
+// The gather scratch: the routing tables, then (16-byte aligned) the tiled product's scratch.
+size_t route_part_bytes(const WeightView& w, int64_t n_pairs) {
+  return (route_scratch_bytes(w.n_stack, n_pairs) + 15) / 16 * 16;
+}
+}  // namespace
+
 size_t gather_scratch_bytes(const WeightView& w, int64_t n_tokens, int64_t k) {
-  return route_scratch_bytes(w.n_stack, n_tokens * k);
+  return route_part_bytes(w, n_tokens * k) + gemm_scratch_bytes(n_tokens * k, w.in);
 }
 
 void launch_gather_linear(const Ctx& ctx, const WeightView& w, const float* x, bool x_per_slot, const int32_t* indices,
@@ -34,7 +45,8 @@ void launch_gather_linear(const Ctx& ctx, const WeightView& w, const float* x, b
   if (n_tokens <= kGemvMaxTokens && launch_gemv(ctx, w, x, map, n_pairs, y)) return;
   int64_t max_tiles = 0;
   const TileList tiles = launch_route(ctx, w, indices, n_pairs, y, scratch, &max_tiles);
-  launch_gemm(ctx, w, x, map, n_pairs, &tiles, max_tiles, y);
+  launch_gemm(ctx, w, x, map, n_pairs, &tiles, max_tiles, y,
+              static_cast<unsigned char*>(scratch) + route_part_bytes(w, n_pairs));
 }
 
 }  // namespace moecel::cuda

@@ -42,8 +42,11 @@ inline bool decode_mma_applies(const Ctx& ctx, const WeightView& w) {
 // Up to this many tokens a weight slice is streamed once per token by the matrix-vector kernels.
 constexpr int64_t kGemvMaxTokens = 4;
 
-// y (n_tokens, out) = x (n_tokens, in) @ w[0]^T.
-void launch_linear(const Ctx& ctx, const WeightView& w, const float* x, int64_t n_tokens, float* y);
+// Device scratch bytes launch_linear needs for n_tokens rows of x.
+size_t linear_scratch_bytes(const WeightView& w, int64_t n_tokens);
+
+// y (n_tokens, out) = x (n_tokens, in) @ w[0]^T. `scratch` holds linear_scratch_bytes(n_tokens) bytes.
+void launch_linear(const Ctx& ctx, const WeightView& w, const float* x, int64_t n_tokens, float* y, void* scratch);
 
 // Device scratch bytes launch_gather_linear needs for n_tokens * k pairs (the routing tables).
 size_t gather_scratch_bytes(const WeightView& w, int64_t n_tokens, int64_t k);
@@ -106,25 +109,37 @@ struct TileList {
   const int32_t* n_tiles = nullptr;
 };
 constexpr int kGemmTileTokens = 64;  // pairs per tile
+// Device scratch bytes of the tiled product for x_rows rows of x of length in (the tensor-core kernel's split x).
+size_t gemm_scratch_bytes(int64_t x_rows, int64_t in);
 // Tiled product. With tiles == nullptr: a plain linear over n_pairs tokens (expert 0, pair p = token p);
 // otherwise max_tiles bounds the tile count the routing kernel may produce. Runs the tensor-core kernel where it
 // applies (4-/8-bit affine and dense BF16 weights), else the CUDA-core one. MOECEL_CUDA_MMA selects: unset or 1:
-// tensor cores with x split into two bf16 (matches f32); fast: tensor cores with x rounded to bf16; 0: CUDA cores.
+// tensor cores with x split into 16-bit terms (matches f32); fast: tensor cores with x rounded to bf16; 0: CUDA
+// cores. `scratch` holds gemm_scratch_bytes(rows of x) bytes.
 void launch_gemm(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
-                 const TileList* tiles, int64_t max_tiles, float* y);
+                 const TileList* tiles, int64_t max_tiles, float* y, void* scratch);
 // The CUDA-core tiled kernel (qgemm.cu): every bits value and dense dtype.
 void launch_gemm_simt(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
                       const TileList* tiles, int64_t max_tiles, float* y);
 // How the tensor-core kernel rounds x (f32) to its bf16 operand (error analysis in qgemm_mma.cu).
 enum class MmaPrecision : int {
-  kSplitX = 0,  // x = hi + mid + lo, three MMAs: f32 x represented exactly, only the f32 accumulation rounds
+  kSplitX = 0,  // row-scaled x = hi + lo in f16 (quantized weights; 22 bits of x) or hi + mid + lo in bf16 (dense)
   kBf16X = 1,   // x = bf16(x): ~2e-6 normalized MSE, a third of the tensor work
 };
+// x split for the tensor-core kernel with quantized weights (split_x.cu), per row of x: planes (rows, in / 32, 2, 32)
+// f16 (hi then lo per 32-slice, fragment order), scale (2^e, 2^-e), gsum (rows, in / group_size) sums of the scaled
+// row per group. Written into `scratch` (gemm_scratch_bytes(rows, in) bytes).
+struct SplitX {
+  const unsigned char* planes = nullptr;
+  const float2* scale = nullptr;
+  const float* gsum = nullptr;
+};
+SplitX launch_split_x(const Ctx& ctx, const float* x, int64_t rows, int64_t in, int group_size, void* scratch);
 // The tensor-core tiled kernel (qgemm_mma.cu). Returns false, launching nothing, when the weight or x does not
 // meet its preconditions (bits 4 or 8 with in and group_size multiples of 32, or dense BF16 with in % 8 == 0;
 // 16-byte aligned w and x; enough shared memory).
 bool launch_gemm_mma(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs,
-                     const TileList* tiles, int64_t max_tiles, float* y, MmaPrecision precision);
+                     const TileList* tiles, int64_t max_tiles, float* y, MmaPrecision precision, void* scratch);
 // Whether launch_linear tries the matrix-vector kernel first for this weight and token count (few tokens, or a
 // matrix short enough that the tiled kernel would leave most of the GPU idle).
 bool linear_prefers_gemv(const WeightView& w, int64_t n_tokens);
@@ -132,12 +147,13 @@ bool linear_prefers_gemv(const WeightView& w, int64_t n_tokens);
 // tensor-core kernel, ys[i] = x @ ws[i]^T for n_tokens rows of x. Returns false, launching nothing, where that kernel
 // does not take them.
 bool launch_gemm_mma_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
-                           int64_t n_tokens, MmaPrecision precision);
+                           int64_t n_tokens, MmaPrecision precision, void* scratch);
 // launch_gemm_mma_parts at the precision MOECEL_CUDA_MMA selects. False, launching nothing, with MOECEL_CUDA_MMA=0,
 // where a weight would take the matrix-vector kernel in launch_linear (so results match it), or where the
 // tensor-core kernel does not take the weights.
+// `scratch` holds linear_scratch_bytes(ws[0], n_tokens) bytes.
 bool launch_gemm_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
-                       int64_t n_tokens);
+                       int64_t n_tokens, void* scratch);
 // Groups the pairs by expert and builds the tile list in `scratch` (layout: see qgemm.cu).
 TileList launch_route(const Ctx& ctx, const WeightView& w, const int32_t* indices, int64_t n_pairs, float* y,
                       void* scratch, int64_t* max_tiles);
