@@ -34,6 +34,14 @@ std::unique_ptr<Backend> make_backend(std::string_view name) {
 
 namespace moecel {
 
+void Backend::gather_glu(const LinearWeight& gate, const LinearWeight& up, Activation act, const Tensor& x,
+                         const Tensor& indices, Tensor& out) {
+  Tensor u = scratch(DType::kF32, out.shape);  // fully written below, hence scratch
+  gather_linear(gate, x, indices, out);
+  gather_linear(up, x, indices, u);
+  glu(act, out, u, out);
+}
+
 void Backend::fused_moe(const LinearWeight&, const LinearWeight&, const LinearWeight&, Activation, const Tensor&,
                         const Tensor&, const Tensor&, Tensor&) {
   fail("backend '{}' has no fused decode-MoE path", name());

@@ -72,6 +72,11 @@ class Backend {
                          int n_kv_heads, int head_dim, float scale, int window, Tensor& out) = 0;
   // out = act(gate) * up, all (n, width)
   virtual void glu(Activation act, const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // The first half of the gather path of a GLU expert block: out (n_tokens, k, ffn) = act(gate[e] @ x[t]) *
+  // (up[e] @ x[t]), e = indices[t, j]; gate, up (n_experts, ffn, in); x (n_tokens, in). Default: gather_linear of
+  // gate and of up, then glu (a backend may fuse them, not change the results).
+  virtual void gather_glu(const LinearWeight& gate, const LinearWeight& up, Activation act, const Tensor& x,
+                          const Tensor& indices, Tensor& out);
   // out = a + b (same shape; out may alias either)
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
   // x = clamp(x, -limit, limit), in place

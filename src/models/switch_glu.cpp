@@ -59,13 +59,10 @@ Tensor SwitchGLU::forward_fused(Backend& be, const Tensor& x, const Tensor& indi
 Tensor SwitchGLU::forward_gather(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights) const {
   const int64_t n = indices.dim(0), k = indices.dim(1);
   const int64_t ffn = ffn_size(), hidden = hidden_size();
-  Tensor gate = be.scratch(DType::kF32, {n, k, ffn});
-  Tensor up = be.scratch(DType::kF32, {n, k, ffn});
-  be.gather_linear(w_.gate, x, indices, gate);
-  be.gather_linear(w_.up, x, indices, up);
-  be.glu(act_, gate, up, gate);  // (n_tokens, k, ffn)
+  Tensor act = be.scratch(DType::kF32, {n, k, ffn});
+  be.gather_glu(w_.gate, w_.up, act_, x, indices, act);
   Tensor y = be.scratch(DType::kF32, {n, k, hidden});
-  be.gather_linear(w_.down, gate, indices, y);
+  be.gather_linear(w_.down, act, indices, y);
   Tensor out = be.scratch(DType::kF32, {n, hidden});
   be.moe_weighted_sum(y, weights, out);
   return out;

@@ -68,6 +68,15 @@ class CudaDecodeGraph final : public DecodeGraph {
   Tensor ids_, next_;
 };
 
+cuda::GluAct glu_act(Activation act) {
+  switch (act) {
+    case Activation::kGeLU: return cuda::GluAct::kGeLU;
+    case Activation::kReLU2: return cuda::GluAct::kReLU2;
+    case Activation::kSiLU: break;
+  }
+  return cuda::GluAct::kSiLU;
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
@@ -361,13 +370,30 @@ void CudaBackend::glu(Activation act, const Tensor& gate, const Tensor& up, Tens
   check_f32(out, "glu output");
   MOECEL_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel(), "glu: shapes {}, {} and {} differ",
                shape_str(gate.shape), shape_str(up.shape), shape_str(out.shape));
-  cuda::GluAct a = cuda::GluAct::kSiLU;
-  switch (act) {
-    case Activation::kSiLU: a = cuda::GluAct::kSiLU; break;
-    case Activation::kGeLU: a = cuda::GluAct::kGeLU; break;
-    case Activation::kReLU2: a = cuda::GluAct::kReLU2; break;
+  cuda::launch_glu(impl_->ctx, glu_act(act), gate.ptr<float>(), up.ptr<float>(), gate.numel(), out.ptr<float>());
+}
+
+void CudaBackend::gather_glu(const LinearWeight& gate, const LinearWeight& up, Activation act, const Tensor& x,
+                             const Tensor& indices, Tensor& out) {
+  check_f32(x, "gather_glu input");
+  check_f32(out, "gather_glu output");
+  check_dev(indices, "gather_glu indices");
+  MOECEL_CHECK(indices.dtype == DType::kI32 && indices.ndim() == 2, "gather_glu: indices must be I32 (n_tokens, k)");
+  const cuda::WeightView g = weight_view(gate, "gather_glu"), u = weight_view(up, "gather_glu");
+  MOECEL_CHECK(gate.n_stack > 0 && up.n_stack > 0, "gather_glu: weights {} and {} need an experts axis", gate.name,
+               up.name);
+  const int64_t n = indices.dim(0), k = indices.dim(1);
+  if (up.in == gate.in && up.out == gate.out) {
+    check_rows(x, n, gate.in, gate.name.c_str());
+    check_rows(out, n * k, gate.out, gate.name.c_str());
+    check_no_overlap(x, out, "gather_glu");
+    const std::shared_ptr<void> scratch = impl_->scratch(cuda::gather_scratch_bytes(g, n, k));  // see gather_linear
+    if (cuda::launch_gather_glu(impl_->ctx, g, u, glu_act(act), x.ptr<float>(), indices.ptr<int32_t>(), n, k,
+                                out.ptr<float>(), scratch.get())) {
+      return;
+    }
   }
-  cuda::launch_glu(impl_->ctx, a, gate.ptr<float>(), up.ptr<float>(), gate.numel(), out.ptr<float>());
+  Backend::gather_glu(gate, up, act, x, indices, out);  // the ops one by one (they check the rest)
 }
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {

@@ -40,6 +40,9 @@ class CudaBackend final : public Backend {
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t pos0, int n_heads,
                  int n_kv_heads, int head_dim, float scale, int window, Tensor& out) override;
   void glu(Activation act, const Tensor& gate, const Tensor& up, Tensor& out) override;
+  // Many tokens: one routing kernel and one tensor-core launch for gate and up with the activation in its epilogue.
+  void gather_glu(const LinearWeight& gate, const LinearWeight& up, Activation act, const Tensor& x,
+                  const Tensor& indices, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void add_rms_norm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& weight, float eps, Tensor& y) override;
   void qk_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm, float eps,

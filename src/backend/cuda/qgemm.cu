@@ -246,6 +246,11 @@ void launch_gemm(const Ctx& ctx, const WeightView& w, const float* x, const Pair
   launch_gemm_simt(ctx, w, x, map, n_pairs, tiles, max_tiles, y);
 }
 
+bool gemm_glu_applies(const Ctx& ctx, const WeightView& gate, const WeightView& up, const float* x) {
+  const auto precision = mma_mode();
+  return precision && *precision == MmaPrecision::kSplitX && mma_glu_supported(ctx, gate, up, x);
+}
+
 bool launch_gemm_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
                        int64_t n_tokens, void* scratch) {
   for (const WeightView& w : ws)  // launch_linear would run this one elsewhere: keep its arithmetic

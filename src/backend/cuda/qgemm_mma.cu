@@ -8,6 +8,7 @@
 #include <span>
 
 #include "backend/cuda/mma_frag.cuh"
+#include "backend/cuda/moe.cuh"
 #include "backend/cuda/qmatmul.cuh"
 
 namespace moecel::cuda {
@@ -116,7 +117,20 @@ struct MmaArgs {
   WeightView w1, w2;
   float* y1 = nullptr;
   float* y2 = nullptr;
+  // >= 0 (a GluAct; f16 split only): w is gate and w1 is up; each block takes kBM / 2 rows of both and writes
+  // y = act(gate x) * (up x) from its epilogue.
+  int glu = -1;
 };
+
+constexpr int kGluLd = kBM / 2 + 4;  // floats per row of the up half staged for the GLU epilogue (spreads banks)
+
+__device__ __forceinline__ float glu_of(int act, float g, float u) {
+  switch (act) {
+    case int(GluAct::kGeLU): return glu_value<GluAct::kGeLU>(g, u);
+    case int(GluAct::kReLU2): return glu_value<GluAct::kReLU2>(g, u);
+    default: return glu_value<GluAct::kSiLU>(g, u);
+  }
+}
 
 // Values j and j + 4 of 8 consecutive bf16 (u.x = (v0, v1), ..., u.w = (v6, v7)) as bf16x2.
 __device__ __forceinline__ uint32_t bf16_pair(const uint4& u, int j) {
@@ -158,8 +172,12 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
     y = third ? a.y2 : a.y1;
     first_block = third ? a.part_end[1] : a.part_end[0];
   }
+  // GLU: warps wm 0, 1 take gate rows row0 + [0, 64), warps 2, 3 the same rows of up; weight rows likewise.
+  const bool glu = L::kF16 && a.glu >= 0;
   const int64_t in = w.in, out = w.out;
-  const int64_t row0 = int64_t(blockIdx.x - first_block) * kBM;
+  const int64_t row0 = int64_t(blockIdx.x - first_block) * (glu ? kBM / 2 : kBM);
+  const int64_t wrow0 = row0 + 32 * (glu ? (wm & 1) : wm);  // this warp's first output row
+  const bool up_warp = glu && wm >= 2;
   const int n_steps = int((in + kBK - 1) / kBK);
   const int spg = kQuant ? w.group_size / kBK : 1;  // slices per quantization group
   const int64_t groups = kQuant ? in / w.group_size : 0;
@@ -189,8 +207,12 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
     __syncthreads();
 
     const unsigned char* wbase = static_cast<const unsigned char*>(w.w) + expert * out * w_row_bytes;
-    const ST* sbase = kQuant ? static_cast<const ST*>(w.scales) + expert * out * groups : nullptr;
-    const ST* bbase = kQuant && w.biases ? static_cast<const ST*>(w.biases) + expert * out * groups : nullptr;
+    const unsigned char* wbase_up =
+        glu ? static_cast<const unsigned char*>(a.w1.w) + expert * out * w_row_bytes : wbase;
+    // This warp's scales and biases (up's for the GLU's up warps).
+    const WeightView& ww = up_warp ? a.w1 : w;
+    const ST* sbase = kQuant ? static_cast<const ST*>(ww.scales) + expert * out * groups : nullptr;
+    const ST* bbase = kQuant && ww.biases ? static_cast<const ST*>(ww.biases) + expert * out * groups : nullptr;
 
     // Slice st of x and of the weight rows into pipeline slot st % kStages. Rows past `out` and values past `in`
     // are zero-filled; columns without a pair are skipped (their outputs are never stored, and an MMA column
@@ -227,12 +249,13 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
 #pragma unroll
       for (int j = 0; j < (kWChunks + kThreads - 1) / kThreads; ++j) {
         const int i = tid + j * kThreads, r = i / kChunksPerRow, c = i % kChunksPerRow;
-        const int64_t row = row0 + r;
+        const bool second = glu && r >= kBM / 2;  // a row of up
+        const int64_t row = row0 + (glu ? r % (kBM / 2) : r);
+        const unsigned char* src = second ? wbase_up : wbase;
         const int64_t byte = kQuant ? k0 * kBits / 8 + 16 * c : (k0 + 8 * c) * 2;
         const bool valid = row < out && (kQuant || k0 + 8 * c < in);
         if (kWChunks % kThreads == 0 || i < kWChunks) {
-          cp_async16(smem_addr(wdst + r * kRowBytes<F> + 16 * c), valid ? wbase + row * w_row_bytes + byte : wbase,
-                     valid);
+          cp_async16(smem_addr(wdst + r * kRowBytes<F> + 16 * c), valid ? src + row * w_row_bytes + byte : src, valid);
         }
       }
     };
@@ -275,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
     };
 
     // A warp whose 32 pairs or 32 rows are all past the tile's end only joins the loads and barriers.
-    const bool warp_live = count > 32 * wn && row0 + 32 * wm < out;
+    const bool warp_live = count > 32 * wn && wrow0 < out;
     float acc[2][4][4], part[2][4][4];  // part: this group's sum of (q - z) x, or this slice's sum of w x (dense)
 #pragma unroll
     for (int mf = 0; mf < 2; ++mf)
@@ -293,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
         for (int mf = 0; mf < 2; ++mf)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int64_t row = min(row0 + 32 * wm + 16 * mf + grp_id + 8 * h, out - 1);
+            const int64_t row = min(wrow0 + 16 * mf + grp_id + 8 * h, out - 1);
             sc[mf][h] = to_f32(__ldg(sbase + row * groups + grp));
             // The codes were centered: b + z s multiplies sum(x). One f32 rounding, as in fma(s, q, b).
             bi[mf][h] = fmaf(kCodeZero, sc[mf][h], bbase ? to_f32(__ldg(bbase + row * groups + grp)) : 0.0f);
@@ -436,7 +459,39 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
     }
 
     // C fragment (row grp_id (+8), pairs 2 tig + {0,1}) -> y[pair, row]: 8 consecutive rows per pair and store.
-    if (warp_live) {
+    if (glu) {  // the up warps hand their values to the gate warps through shared memory (xb is free now)
+      float* ub = reinterpret_cast<float*>(xb);
+      static_assert(size_t(kBM / 2) * kGluLd * 4 <= size_t(kStages) * Layout<Fmt::kQ4, true>::kXbBuf, "GLU stage");
+      __syncthreads();  // every warp is done with xb
+      if (warp_live && up_warp) {
+#pragma unroll
+        for (int mf = 0; mf < 2; ++mf)
+#pragma unroll
+          for (int nf = 0; nf < 4; ++nf)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int col = 32 * wn + 8 * nf + 2 * tig + (i & 1);
+              const int r = 32 * (wm & 1) + 16 * mf + grp_id + 8 * (i >> 1);
+              ub[r * kGluLd + col] = acc[mf][nf][i] * xsc[col].y;
+            }
+      }
+      __syncthreads();
+      if (warp_live && !up_warp) {
+#pragma unroll
+        for (int mf = 0; mf < 2; ++mf)
+#pragma unroll
+          for (int nf = 0; nf < 4; ++nf)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int col = 32 * wn + 8 * nf + 2 * tig + (i & 1);
+              const int r = 32 * (wm & 1) + 16 * mf + grp_id + 8 * (i >> 1);
+              const int pair = pair_of[col];
+              const int64_t row = row0 + r;
+              const float g = acc[mf][nf][i] * xsc[col].y;
+              if (pair >= 0 && row < out) y[int64_t(pair) * out + row] = glu_of(a.glu, g, ub[r * kGluLd + col]);
+            }
+      }
+    } else if (warp_live) {
 #pragma unroll
       for (int mf = 0; mf < 2; ++mf)
 #pragma unroll
@@ -445,7 +500,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
           for (int i = 0; i < 4; ++i) {
             const int col = 32 * wn + 8 * nf + 2 * tig + (i & 1);
             const int pair = pair_of[col];
-            const int64_t row = row0 + 32 * wm + 16 * mf + grp_id + 8 * (i >> 1);
+            const int64_t row = wrow0 + 16 * mf + grp_id + 8 * (i >> 1);
             float v = acc[mf][nf][i];
             if constexpr (L::kF16) v *= xsc[col].y;  // undo the row scale: exact
             if (pair >= 0 && row < out) y[int64_t(pair) * out + row] = v;
@@ -533,6 +588,30 @@ bool launch_gemm_mma(const Ctx& ctx, const WeightView& w, const float* x, const 
     launch_format<false>(ctx, grid, a);
   }
   return true;
+}
+
+bool mma_glu_supported(const Ctx& ctx, const WeightView& gate, const WeightView& up, const float* x) {
+  return (gate.bits == 4 || gate.bits == 8) && up.bits == gate.bits && up.in == gate.in && up.out == gate.out &&
+         up.group_size == gate.group_size && up.stype == gate.stype && up.n_stack == gate.n_stack &&
+         mma_gemm_supported(ctx, gate, x, MmaPrecision::kSplitX) &&
+         mma_gemm_supported(ctx, up, x, MmaPrecision::kSplitX);
+}
+
+void launch_gemm_mma_glu(const Ctx& ctx, const WeightView& gate, const WeightView& up, GluAct act, const float* x,
+                         const PairMap& map, int64_t n_pairs, const TileList& tiles, int64_t max_tiles, float* y,
+                         void* scratch) {
+  CUDA_REQUIRE(mma_glu_supported(ctx, gate, up, x), "gemm (mma): gate and up must share a 4-/8-bit format");
+  if (n_pairs == 0 || gate.out == 0) return;
+  CUDA_REQUIRE(n_pairs > 0 && n_pairs < (int64_t(1) << 31), "gemm (mma): bad pair count");
+  const int64_t row_blocks = (gate.out + kBM / 2 - 1) / (kBM / 2);
+  CUDA_REQUIRE(row_blocks < (int64_t(1) << 31), "gemm (mma): too many output rows");
+  MmaArgs a{gate, x, y, map, n_pairs, tiles, max_tiles};
+  a.w1 = up;
+  a.glu = int(act);
+  a.sx = launch_split_x(ctx, x, map.x_per_slot ? n_pairs : (n_pairs + map.k - 1) / map.k, gate.in, gate.group_size,
+                        scratch);
+  const dim3 grid{unsigned(row_blocks), unsigned(std::min<int64_t>(std::max<int64_t>(max_tiles, 1), 65535))};
+  launch_format<true>(ctx, grid, a);
 }
 
 bool launch_gemm_mma_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,

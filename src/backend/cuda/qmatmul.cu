@@ -49,4 +49,16 @@ void launch_gather_linear(const Ctx& ctx, const WeightView& w, const float* x, b
               static_cast<unsigned char*>(scratch) + route_part_bytes(w, n_pairs));
 }
 
+bool launch_gather_glu(const Ctx& ctx, const WeightView& gate, const WeightView& up, GluAct act, const float* x,
+                       const int32_t* indices, int64_t n_tokens, int64_t k, float* y, void* scratch) {
+  const int64_t n_pairs = n_tokens * k;
+  // launch_gather_linear's choices for each weight alone: the matrix-vector kernel up to kGemvMaxTokens tokens.
+  if (n_tokens <= kGemvMaxTokens || n_pairs == 0 || gate.out == 0 || !gemm_glu_applies(ctx, gate, up, x)) return false;
+  int64_t max_tiles = 0;
+  const TileList tiles = launch_route(ctx, gate, indices, n_pairs, y, scratch, &max_tiles);
+  launch_gemm_mma_glu(ctx, gate, up, act, x, PairMap{indices, k, false}, n_pairs, tiles, max_tiles, y,
+                      static_cast<unsigned char*>(scratch) + route_part_bytes(gate, n_pairs));
+  return true;
+}
+
 }  // namespace moecel::cuda

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/moe.cuh"
 
 namespace moecel::cuda {
 
@@ -56,6 +57,14 @@ size_t gather_scratch_bytes(const WeightView& w, int64_t n_tokens, int64_t k);
 // kErrExpertIndex and fills its output row with NaN. `scratch` holds gather_scratch_bytes(...) bytes.
 void launch_gather_linear(const Ctx& ctx, const WeightView& w, const float* x, bool x_per_slot, const int32_t* indices,
                           int64_t n_tokens, int64_t k, float* y, void* scratch);
+
+// The first half of a GLU expert block's gather path: y (n_tokens, k, out) = act(gate[e] @ x[t]) * (up[e] @ x[t]),
+// e = indices[t, j], x (n_tokens, in), with one routing kernel and one tensor-core launch (the activation in its
+// epilogue), bit for bit what launch_gather_linear of gate and of up and launch_glu give. Returns false, launching
+// nothing, where those would not take the tensor-core kernel with split x (few tokens, MOECEL_CUDA_MMA=0 or fast,
+// other formats) or gate and up differ in shape or format. `scratch`: gather_scratch_bytes(gate, n_tokens, k).
+bool launch_gather_glu(const Ctx& ctx, const WeightView& gate, const WeightView& up, GluAct act, const float* x,
+                       const int32_t* indices, int64_t n_tokens, int64_t k, float* y, void* scratch);
 
 // ---- decode fusions of the matrix-vector kernel (CudaBackend::rms_norm_linears, linear_residual,
 // rms_norm_router): fewer launches per decode step, the same per-row arithmetic ----
@@ -154,6 +163,14 @@ bool launch_gemm_mma_parts(const Ctx& ctx, std::span<const WeightView> ws, std::
 // `scratch` holds linear_scratch_bytes(ws[0], n_tokens) bytes.
 bool launch_gemm_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
                        int64_t n_tokens, void* scratch);
+// Whether launch_gemm_mma_glu takes gate and up (at MmaPrecision::kSplitX), and whether MOECEL_CUDA_MMA selects that
+// precision too (gemm_glu_applies).
+bool mma_glu_supported(const Ctx& ctx, const WeightView& gate, const WeightView& up, const float* x);
+bool gemm_glu_applies(const Ctx& ctx, const WeightView& gate, const WeightView& up, const float* x);
+// The tensor-core kernel over gate and up at once (MmaArgs::glu), y = act(gate x) * (up x) per tile pair and row.
+void launch_gemm_mma_glu(const Ctx& ctx, const WeightView& gate, const WeightView& up, GluAct act, const float* x,
+                         const PairMap& map, int64_t n_pairs, const TileList& tiles, int64_t max_tiles, float* y,
+                         void* scratch);
 // Groups the pairs by expert and builds the tile list in `scratch` (layout: see qgemm.cu).
 TileList launch_route(const Ctx& ctx, const WeightView& w, const int32_t* indices, int64_t n_pairs, float* y,
                       void* scratch, int64_t* max_tiles);

@@ -1,0 +1,107 @@
+// CudaBackend::gather_glu (gate and up in one tensor-core launch, the activation in its epilogue) against the ops it
+// replaces on the same device (bit for bit) and against the CPU oracle; its fallbacks and bad expert indices.
+#include "backend_ops_common.h"
+
+namespace moecel {
+namespace {
+
+using namespace ops_test;  // NOLINT: the shared fixture, helpers and thresholds
+
+// The Backend default (gather_linear of gate and of up, then glu) run on the CUDA backend.
+Tensor glu_by_ops(CudaBackend& cu, const LinearWeight& gate, const LinearWeight& up, Activation act, const Tensor& x,
+                  const Tensor& idx) {
+  const int64_t n = idx.dim(0), k = idx.dim(1);
+  Tensor g = cu.alloc(DType::kF32, {n, k, gate.out});
+  Tensor u = cu.alloc(DType::kF32, {n, k, gate.out});
+  cu.gather_linear(gate, x, idx, g);
+  cu.gather_linear(up, x, idx, u);
+  cu.glu(act, g, u, g);
+  return g;
+}
+
+struct Case {
+  int bits, group_size;
+  DType sdtype;
+  int64_t experts, ffn, hidden, k, n;
+  Activation act;
+};
+
+void check_case(CudaOps& f, const Case& c, Rng& rng) {
+  const std::string what = "bits " + std::to_string(c.bits) + " group " + std::to_string(c.group_size) + " ffn " +
+                           std::to_string(c.ffn) + " hidden " + std::to_string(c.hidden) + " n " + std::to_string(c.n) +
+                           " act " + std::to_string(int(c.act));
+  const LinearWeight gate = make_quant(c.experts, c.ffn, c.hidden, c.bits, c.group_size, c.sdtype, rng);
+  const LinearWeight up = make_quant(c.experts, c.ffn, c.hidden, c.bits, c.group_size, c.sdtype, rng);
+  Tensor x = host_random(DType::kF32, {c.n, c.hidden}, rng);
+  Tensor idx = host_i32({c.n, c.k}, random_experts(c.n, c.k, c.experts, rng));
+  Tensor ref = f.cpu.alloc(DType::kF32, {c.n, c.k, c.ffn});
+  f.cpu.gather_glu(gate, up, c.act, x, idx, ref);
+
+  CudaBackend& cu = f.cu();
+  const LinearWeight dg = cu.to_device(gate), du = cu.to_device(up);
+  const Tensor dx = cu.to_device(x), didx = cu.to_device(idx);
+  Tensor got = cu.alloc(DType::kF32, {c.n, c.k, c.ffn});
+  cu.gather_glu(dg, du, c.act, dx, didx, got);
+  const std::vector<float> g = f.down(got), o = f.down(glu_by_ops(cu, dg, du, c.act, dx, didx));
+  ASSERT_EQ(g.size(), o.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < g.size(); ++i) differ += std::memcmp(&g[i], &o[i], 4) != 0;
+  EXPECT_EQ(differ, 0u) << what << ": values that differ from gather_linear x2 + glu";
+  EXPECT_LE(nmse(g, f.down(ref)), kMatmul) << what << " against the CPU";
+}
+
+TEST_F(CudaOps, GatherGluMatchesTheOpsItReplaces) {
+  Rng rng(301);
+  // OLMoE's expert shapes at 512 tokens (the fused launch), then every format, activation and partial tiles.
+  check_case(*this, {4, 64, DType::kF16, kExperts, kFfn, kHidden, kTopK, 512, Activation::kSiLU}, rng);
+  for (int bits : {4, 8}) {
+    for (int gs : {32, 64, 128}) {
+      for (Activation act : {Activation::kSiLU, Activation::kGeLU, Activation::kReLU2}) {
+        const DType sd = gs == 32 ? DType::kF32 : gs == 64 ? DType::kBF16 : DType::kF16;
+        // ffn 200: a last block of 8 rows of each of gate and up; 37 tokens x 3 slots over 5 experts.
+        check_case(*this, {bits, gs, sd, 5, 200, 2 * gs, 3, 37, act}, rng);
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, GatherGluFallsBack) {
+  Rng rng(302);
+  // Few tokens (matrix-vector kernels), 6-bit (CUDA-core tiles), and MOECEL_CUDA_MMA=fast / 0: the ops one by one,
+  // which check_case compares against bit for bit as well.
+  check_case(*this, {4, 64, DType::kF16, 8, 96, 128, 2, 3, Activation::kSiLU}, rng);
+  check_case(*this, {6, 64, DType::kF16, 8, 96, 128, 2, 40, Activation::kSiLU}, rng);
+  for (const char* mode : {"fast", "0"}) {
+    setenv("MOECEL_CUDA_MMA", mode, 1);
+    Case c{4, 64, DType::kF16, 8, 96, 128, 2, 40, Activation::kSiLU};
+    const LinearWeight gate = make_quant(c.experts, c.ffn, c.hidden, c.bits, c.group_size, c.sdtype, rng);
+    const LinearWeight up = make_quant(c.experts, c.ffn, c.hidden, c.bits, c.group_size, c.sdtype, rng);
+    const LinearWeight dg = cu().to_device(gate), du = cu().to_device(up);
+    const Tensor dx = cu().to_device(host_random(DType::kF32, {c.n, c.hidden}, rng));
+    const Tensor didx = cu().to_device(host_i32({c.n, c.k}, random_experts(c.n, c.k, c.experts, rng)));
+    Tensor got = cu().alloc(DType::kF32, {c.n, c.k, c.ffn});
+    cu().gather_glu(dg, du, c.act, dx, didx, got);
+    const std::vector<float> g = down(got), o = down(glu_by_ops(cu(), dg, du, c.act, dx, didx));
+    unsetenv("MOECEL_CUDA_MMA");
+    EXPECT_EQ(0, std::memcmp(g.data(), o.data(), g.size() * 4)) << "MOECEL_CUDA_MMA=" << mode;
+  }
+}
+
+TEST_F(CudaOps, GatherGluBadExpertIndexIsReportedAtSync) {
+  Rng rng(303);
+  const LinearWeight g = cu().to_device(make_quant(4, 32, 64, 4, 32, DType::kF16, rng));
+  const LinearWeight u = cu().to_device(make_quant(4, 32, 64, 4, 32, DType::kF16, rng));
+  const int64_t n = 9;  // the routed, fused launch
+  std::vector<int32_t> ids(size_t(n * 2), 1);
+  ids[1] = 4;
+  Tensor got = cu().alloc(DType::kF32, {n, 2, 32});
+  cu().gather_glu(g, u, Activation::kSiLU, cu().to_device(host_random(DType::kF32, {n, 64}, rng)),
+                  cu().to_device(host_i32({n, 2}, ids)), got);
+  EXPECT_THROW(cu().synchronize(), Error);
+  const std::vector<float> v = down(got);
+  EXPECT_TRUE(std::isnan(v[32])) << "the bad pair's row is NaN";
+  EXPECT_FALSE(std::isnan(v[0]));
+}
+
+}  // namespace
+}  // namespace moecel
