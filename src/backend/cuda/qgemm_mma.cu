@@ -213,27 +213,53 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
     const WeightView& ww = up_warp ? a.w1 : w;
     const ST* sbase = kQuant ? static_cast<const ST*>(ww.scales) + expert * out * groups : nullptr;
     const ST* bbase = kQuant && ww.biases ? static_cast<const ST*>(ww.biases) + expert * out * groups : nullptr;
+    // Position in the quantization group, by counters (each lambda below runs on consecutive slices): divisions by
+    // the group size cost more than the rest of a slice's bookkeeping.
+    int iss_pos = 0, iss_grp = 0, cvt_pos = 0, cmp_pos = 0, cmp_grp = 0;
 
     // Slice st of x and of the weight rows into pipeline slot st % kStages. Rows past `out` and values past `in`
     // are zero-filled; columns without a pair are skipped (their outputs are never stored, and an MMA column
     // depends only on its own B column).
+    // The 16-byte chunks a thread copies are the same in every slice: their sources are set once per tile and
+    // advance by one slice per issue. Weight chunk i = tid + j * kThreads: row r = i / kChunksPerRow (of up past
+    // kBM / 2 rows with the GLU), chunk c = i % kChunksPerRow; f16-split x chunk i: pair i / 8, chunk i % 8.
+    constexpr int kXChunks = kBN * (kBK / 4), kWChunks = kBM * kChunksPerRow;  // 16-byte chunks per slice
+    constexpr int kWj = (kWChunks + kThreads - 1) / kThreads, kXj = kXChunks / kThreads;
+    static_assert(kXChunks % kThreads == 0, "x chunks split evenly over the threads");
+    const unsigned char* wsrc[kWj];
+    bool wrow_ok[kWj];
+#pragma unroll
+    for (int j = 0; j < kWj; ++j) {
+      const int i = tid + j * kThreads, r = i / kChunksPerRow, c = i % kChunksPerRow;
+      const int64_t row = row0 + (glu ? r % (kBM / 2) : r);
+      const unsigned char* base = glu && r >= kBM / 2 ? wbase_up : wbase;
+      wrow_ok[j] = (kWChunks % kThreads == 0 || i < kWChunks) && row < out;
+      wsrc[j] = wrow_ok[j] ? base + row * w_row_bytes + 16 * c : base;
+    }
+    const unsigned char* xsrc[L::kF16 ? kXj : 1];
+    if constexpr (L::kF16) {
+#pragma unroll
+      for (int j = 0; j < kXj; ++j) {
+        const int p = (tid + j * kThreads) / 8, c = (tid + j * kThreads) % 8;
+        xsrc[j] = a.sx.planes + (p < count ? xoff[p] * 4 : 0) + c * 16;
+      }
+    }
     auto issue = [&](int st) {
       const int slot = st % kStages;
+      const bool grp_last = kQuant && ++iss_pos == spg;  // this slice ends a group
+      if (grp_last) iss_pos = 0;
       const int64_t k0 = int64_t(st) * kBK;
-      constexpr int kXChunks = kBN * (kBK / 4), kWChunks = kBM * kChunksPerRow;  // 16-byte chunks per slice
-      static_assert(kXChunks % kThreads == 0, "x chunks split evenly over the threads");
       if constexpr (L::kF16) {  // 128 bytes per pair: the slice's hi then lo term (in % 32 == 0: always valid)
         unsigned char* xdst = xb + slot * L::kXbBuf;
 #pragma unroll
-        for (int j = 0; j < kXChunks / kThreads; ++j) {
+        for (int j = 0; j < kXj; ++j) {
           const int i = tid + j * kThreads, p = i / 8, c = i % 8;
           if (p < count) {
-            cp_async16(smem_addr(xdst + (c >> 2) * L::kXbPlane + p * (kBK * 2) + (c & 3) * 16),
-                       a.sx.planes + xoff[p] * 4 + k0 * 4 + c * 16, true);
+            cp_async16(smem_addr(xdst + (c >> 2) * L::kXbPlane + p * (kBK * 2) + (c & 3) * 16), xsrc[j] + k0 * 4, true);
           }
         }
-        if (tid < count && (st + 1) % spg == 0) {  // the group's x sums ride with its last slice
-          cp_async4(smem_addr(xsum + slot * kBN + tid), a.sx.gsum + int64_t(xrow_of[tid]) * groups + st / spg, true);
+        if (tid < count && grp_last) {  // the group's x sums ride with its last slice
+          cp_async4(smem_addr(xsum + slot * kBN + tid), a.sx.gsum + int64_t(xrow_of[tid]) * groups + iss_grp, true);
         }
       } else {
         float* xdst = xr + slot * (kBN * kXrLd);
@@ -247,17 +273,15 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
       }
       unsigned char* wdst = wq + slot * (kBM * kRowBytes<F>);
 #pragma unroll
-      for (int j = 0; j < (kWChunks + kThreads - 1) / kThreads; ++j) {
+      for (int j = 0; j < kWj; ++j) {
         const int i = tid + j * kThreads, r = i / kChunksPerRow, c = i % kChunksPerRow;
-        const bool second = glu && r >= kBM / 2;  // a row of up
-        const int64_t row = row0 + (glu ? r % (kBM / 2) : r);
-        const unsigned char* src = second ? wbase_up : wbase;
-        const int64_t byte = kQuant ? k0 * kBits / 8 + 16 * c : (k0 + 8 * c) * 2;
-        const bool valid = row < out && (kQuant || k0 + 8 * c < in);
+        const bool valid = wrow_ok[j] && (kQuant || k0 + 8 * c < in);
+        const int64_t byte = kQuant ? k0 * kBits / 8 : k0 * 2;  // this slice's offset into the row
         if (kWChunks % kThreads == 0 || i < kWChunks) {
-          cp_async16(smem_addr(wdst + r * kRowBytes<F> + 16 * c), valid ? src + row * w_row_bytes + byte : src, valid);
+          cp_async16(smem_addr(wdst + r * kRowBytes<F> + 16 * c), valid ? wsrc[j] + byte : wsrc[j], valid);
         }
       }
+      if (grp_last) ++iss_grp;
     };
 
     // Slice st of x (not with the f16 split): f32 -> bf16 terms in fragment order into xb[st & 1]; the group sums
@@ -287,9 +311,10 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
         *reinterpret_cast<uint4*>(dst + 2 * L::kXbPlane) = make_uint4(l[0], l[1], l[2], l[3]);
       }
       if constexpr (kQuant) {
-        if (st % spg == 0) run = 0.0f;
+        if (cvt_pos == 0) run = 0.0f;
         run += ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-        if ((st + 1) % spg == 0) {  // uniform over the block: every lane takes part in the shuffles
+        if (++cvt_pos == spg) {  // uniform over the block: every lane takes part in the shuffles
+          cvt_pos = 0;
           float s = run + __shfl_xor_sync(0xffffffffu, run, 1);
           s += __shfl_xor_sync(0xffffffffu, s, 2);
           if (cc == 0) xsum[(st & 1) * kBN + cp] = s;
@@ -308,18 +333,21 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
         for (int i = 0; i < 4; ++i) acc[mf][nf][i] = part[mf][nf][i] = 0.0f;
 
     auto compute = [&](int s) {
-      const bool group_end = kQuant && (s + 1) % spg == 0;
+      const bool group_end = kQuant && ++cmp_pos == spg;
       float sc[2][2] = {}, bi[2][2] = {};
       if (group_end) {  // issued before the MMAs, which hide the latency
-        const int64_t grp = int64_t(s) * kBK / w.group_size;
+        cmp_pos = 0;
+        const int grp = cmp_grp++;
 #pragma unroll
         for (int mf = 0; mf < 2; ++mf)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int64_t row = min(wrow0 + 16 * mf + grp_id + 8 * h, out - 1);
-            sc[mf][h] = to_f32(__ldg(sbase + row * groups + grp));
+            // 32-bit offsets (out * groups < 2^31, mma_gemm_supported); rows past `out` read the last one.
+            const int row = min(int(wrow0) + 16 * mf + grp_id + 8 * h, int(out) - 1);
+            const int off = row * int(groups) + grp;
+            sc[mf][h] = to_f32(__ldg(sbase + off));
             // The codes were centered: b + z s multiplies sum(x). One f32 rounding, as in fma(s, q, b).
-            bi[mf][h] = fmaf(kCodeZero, sc[mf][h], bbase ? to_f32(__ldg(bbase + row * groups + grp)) : 0.0f);
+            bi[mf][h] = fmaf(kCodeZero, sc[mf][h], bbase ? to_f32(__ldg(bbase + off)) : 0.0f);
           }
       }
       // A fragments of both k16 steps. Shared loads: 4-bit rows are 16 bytes, so the 32 lanes' words (row
@@ -558,6 +586,7 @@ bool mma_gemm_supported(const Ctx& ctx, const WeightView& w, const float* x, Mma
   if (!aligned16(w.w) || !aligned16(x) || w.in <= 0) return false;
   if (w.bits == 4 || w.bits == 8) {
     if (w.in % kBK != 0 || w.group_size <= 0 || w.group_size % kBK != 0) return false;
+    if (w.out * (w.in / w.group_size) >= (int64_t(1) << 31)) return false;  // 32-bit scale offsets
   } else if (w.bits == 0) {
     if (w.wtype != FloatType::kBF16 || w.in % 8 != 0) return false;
   } else {
