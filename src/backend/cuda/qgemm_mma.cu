@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 
 #include "backend/cuda/mma_frag.cuh"
 #include "backend/cuda/moe.cuh"
@@ -333,6 +334,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
         for (int i = 0; i < 4; ++i) acc[mf][nf][i] = part[mf][nf][i] = 0.0f;
 
     auto compute = [&](int s) {
+      const bool group_first = cmp_pos == 0;
       const bool group_end = kQuant && ++cmp_pos == spg;
       float sc[2][2] = {}, bi[2][2] = {};
       if (group_end) {  // issued before the MMAs, which hide the latency
@@ -399,32 +401,45 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
       // Straight-line code over all fragments (no per-fragment branches), so the scheduler can interleave the
       // 8 independent accumulator chains; columns past `count` compute garbage that is never stored.
       const unsigned char* xs = xb + (L::kF16 ? s % kStages : s & 1) * L::kXbBuf;
+      // kFresh: the slice starts a group (f16 split), so its first MMA starts from zero instead of a zeroed `part`.
+      auto mmas = [&](auto fresh) {
+        [[maybe_unused]] constexpr bool kFresh = decltype(fresh)::value;
 #pragma unroll
-      for (int nf = 0; nf < 4; ++nf) {
-        const unsigned char* bp = xs + (32 * wn + 8 * nf + grp_id) * (kBK * 2) + 16 * tig;
-        const uint4 bh = *reinterpret_cast<const uint4*>(bp);
-        uint4 bm = {}, bl = {};
-        if constexpr (L::kXTerms > 1) bm = *reinterpret_cast<const uint4*>(bp + L::kXbPlane);
-        if constexpr (L::kXTerms > 2) bl = *reinterpret_cast<const uint4*>(bp + 2 * L::kXbPlane);
+        for (int nf = 0; nf < 4; ++nf) {
+          const unsigned char* bp = xs + (32 * wn + 8 * nf + grp_id) * (kBK * 2) + 16 * tig;
+          const uint4 bh = *reinterpret_cast<const uint4*>(bp);
+          [[maybe_unused]] uint4 bm = {}, bl = {};
+          if constexpr (L::kXTerms > 1) bm = *reinterpret_cast<const uint4*>(bp + L::kXbPlane);
+          if constexpr (L::kXTerms > 2) bl = *reinterpret_cast<const uint4*>(bp + 2 * L::kXbPlane);
 #pragma unroll
-        for (int mf = 0; mf < 2; ++mf) {
-          float* d = part[mf][nf];
-          if constexpr (L::kF16) {
-            mma_f16(d, af[mf][0], bh.x, bh.y);
-            mma_f16(d, af[mf][1], bh.z, bh.w);
-            mma_f16(d, af[mf][0], bm.x, bm.y);
-            mma_f16(d, af[mf][1], bm.z, bm.w);
-            continue;
-          }
-          mma_bf16(d, af[mf][0], bh.x, bh.y);
-          mma_bf16(d, af[mf][1], bh.z, bh.w);
-          if constexpr (SPLIT) {
-            mma_bf16(d, af[mf][0], bm.x, bm.y);
-            mma_bf16(d, af[mf][1], bm.z, bm.w);
-            mma_bf16(d, af[mf][0], bl.x, bl.y);
-            mma_bf16(d, af[mf][1], bl.z, bl.w);
+          for (int mf = 0; mf < 2; ++mf) {
+            float* d = part[mf][nf];
+            if constexpr (L::kF16) {
+              if constexpr (kFresh) {
+                mma_f16_zero(d, af[mf][0], bh.x, bh.y);
+              } else {
+                mma_f16(d, af[mf][0], bh.x, bh.y);
+              }
+              mma_f16(d, af[mf][1], bh.z, bh.w);
+              mma_f16(d, af[mf][0], bm.x, bm.y);
+              mma_f16(d, af[mf][1], bm.z, bm.w);
+              continue;
+            }
+            mma_bf16(d, af[mf][0], bh.x, bh.y);
+            mma_bf16(d, af[mf][1], bh.z, bh.w);
+            if constexpr (SPLIT) {
+              mma_bf16(d, af[mf][0], bm.x, bm.y);
+              mma_bf16(d, af[mf][1], bm.z, bm.w);
+              mma_bf16(d, af[mf][0], bl.x, bl.y);
+              mma_bf16(d, af[mf][1], bl.z, bl.w);
+            }
           }
         }
+      };
+      if (L::kF16 && group_first) {
+        mmas(std::true_type{});
+      } else {
+        mmas(std::false_type{});
       }
       if (group_end) {  // acc += s * sum((q - z) x) + (b + z s) * sum(x), per (row, pair); then part restarts
 #pragma unroll
@@ -438,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
               const int h = i >> 1;
               const float xv = (i & 1) ? xs2.y : xs2.x;
               acc[mf][nf][i] = fmaf(sc[mf][h], part[mf][nf][i], fmaf(bi[mf][h], xv, acc[mf][nf][i]));
-              part[mf][nf][i] = 0.0f;
+              if constexpr (!L::kF16) part[mf][nf][i] = 0.0f;  // the f16 split restarts with a fresh MMA
             }
         }
       } else if constexpr (!kQuant) {  // dense: acc += part per slice (short truncating MMA chains, see above)
