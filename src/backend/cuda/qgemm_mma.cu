@@ -121,7 +121,15 @@ struct MmaArgs {
   // >= 0 (a GluAct; f16 split only): w is gate and w1 is up; each block takes kBM / 2 rows of both and writes
   // y = act(gate x) * (up x) from its epilogue.
   int glu = -1;
+  // > 0 (f16 split only): each tile's scale and bias rows are copied into shared memory after the layout, rows of
+  // this many bytes (groups * sizeof(scale) + 16 of padding that spreads the banks); 0: read from global memory at
+  // each group's end (staged_scale_row decides).
+  int scale_row_bytes = 0;
 };
+
+// Largest scale row staged in shared memory: with 128 rows of scales and of biases, 2 x 128 x 272 bytes.
+constexpr int kMaxStagedScaleRow = 256;
+constexpr size_t kMaxStagedScaleBytes = size_t(2) * kBM * (kMaxStagedScaleRow + 16);
 
 constexpr int kGluLd = kBM / 2 + 4;  // floats per row of the up half staged for the GLU epilogue (spreads banks)
 
@@ -185,6 +193,8 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
   const int64_t w_row_bytes = kQuant ? in * kBits / 8 : in * 2;
   const bool routed = a.tiles.order != nullptr;
   const int64_t n_tiles = routed ? min(int64_t(*a.tiles.n_tiles), a.max_tiles) : (a.n_pairs + kBN - 1) / kBN;
+  const int srb = L::kF16 ? a.scale_row_bytes : 0;  // staged scale row stride, 0: not staged
+  unsigned char* ssm = smem + L::kBytes;            // [2][kBM][srb]: scales, then biases (zeros without biases)
 
   for (int64_t tile = blockIdx.y; tile < n_tiles; tile += gridDim.y) {
     int64_t expert = 0, start = tile * kBN;
@@ -344,6 +354,12 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
         for (int mf = 0; mf < 2; ++mf)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
+            if (srb > 0) {  // this warp's rows of the staged block (up's rows follow gate's with the GLU)
+              const unsigned char* sr = ssm + (32 * wm + 16 * mf + grp_id + 8 * h) * srb + grp * int(sizeof(ST));
+              sc[mf][h] = to_f32(*reinterpret_cast<const ST*>(sr));
+              bi[mf][h] = fmaf(kCodeZero, sc[mf][h], to_f32(*reinterpret_cast<const ST*>(sr + kBM * srb)));
+              continue;
+            }
             // 32-bit offsets (out * groups < 2^31, mma_gemm_supported); rows past `out` read the last one.
             const int row = min(int(wrow0) + 16 * mf + grp_id + 8 * h, int(out) - 1);
             const int off = row * int(groups) + grp;
@@ -469,6 +485,23 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
       }
     };
 
+    // The tile's scale and bias rows, in the first commit group (complete before any group's end).
+    if constexpr (L::kF16) {
+      if (srb > 0) {
+        const int chunks = int(groups) * int(sizeof(ST)) / 16, per_array = kBM * chunks;
+        for (int i = tid; i < 2 * per_array; i += kThreads) {
+          const int arr = i / per_array, r = (i % per_array) / chunks, c = i % chunks;
+          const WeightView& wv = glu && r >= kBM / 2 ? a.w1 : w;
+          const int64_t row = row0 + (glu ? r % (kBM / 2) : r);
+          const void* base = arr == 0 ? wv.scales : wv.biases;
+          const bool valid = base != nullptr && row < out;
+          const unsigned char* src =
+              valid ? static_cast<const unsigned char*>(base) + ((expert * out + row) * groups) * sizeof(ST) + 16 * c
+                    : static_cast<const unsigned char*>(wv.scales);
+          cp_async16(smem_addr(ssm + (arr * kBM + r) * srb + 16 * c), src, valid);
+        }
+      }
+    }
     // Pipeline: slices 0 .. kStages-2 in flight, slice 0 converted. Iteration s: slice s + 1 has landed
     // (wait), the barrier publishes it and retires every reader of slot (s - 1) % kStages and of xb[(s + 1) & 1];
     // then slice s + kStages - 1 is issued into that slot, slice s + 1 converted, slice s multiplied.
@@ -555,7 +588,9 @@ __global__ void __launch_bounds__(kThreads, 2) mma_gemm_kernel(MmaArgs a) {
 
 template <Fmt F, typename ST, bool SPLIT>
 void launch_typed(const Ctx& ctx, dim3 grid, const MmaArgs& a) {
-  constexpr size_t kSmem = Layout<F, SPLIT>::kBytes;
+  constexpr size_t kLayout = Layout<F, SPLIT>::kBytes;
+  // The attribute covers the largest staged scale block, so one opt-in serves every launch.
+  constexpr size_t kSmem = kLayout + (Layout<F, SPLIT>::kF16 ? kMaxStagedScaleBytes : 0);
   // Opt in to more than 48 KB of dynamic shared memory once per instantiation.
   static const bool opted_in = [] {
     CUDA_CHECK(
@@ -597,6 +632,20 @@ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+// MmaArgs::scale_row_bytes for quantized weights with the f16 split: staged when every weight's scale rows are a
+// multiple of 16 bytes (16-byte copies) of at most kMaxStagedScaleRow bytes and the block fits the opt-in limit.
+int staged_scale_row(const Ctx& ctx, std::span<const WeightView> ws) {
+  int row = 0;
+  for (const WeightView& w : ws) {
+    const int64_t rb = (w.in / w.group_size) * (w.stype == FloatType::kF32 ? 4 : 2);
+    if (rb % 16 != 0 || rb > kMaxStagedScaleRow || !aligned16(w.scales) || (w.biases && !aligned16(w.biases))) return 0;
+    if (row != 0 && rb + 16 != row) return 0;
+    row = int(rb + 16);
+  }
+  const size_t layout = ws.empty() || ws[0].bits == 4 ? Layout<Fmt::kQ4, true>::kBytes : Layout<Fmt::kQ8, true>::kBytes;
+  return layout + size_t(2) * kBM * size_t(row) <= size_t(ctx.max_smem_optin) ? row : 0;
+}
+
 bool mma_gemm_supported(const Ctx& ctx, const WeightView& w, const float* x, MmaPrecision precision) {
   if (!aligned16(w.w) || !aligned16(x) || w.in <= 0) return false;
   if (w.bits == 4 || w.bits == 8) {
@@ -625,6 +674,7 @@ bool launch_gemm_mma(const Ctx& ctx, const WeightView& w, const float* x, const 
   if (precision == MmaPrecision::kSplitX && w.bits != 0) {
     a.sx =
         launch_split_x(ctx, x, map.x_per_slot ? n_pairs : (n_pairs + map.k - 1) / map.k, w.in, w.group_size, scratch);
+    a.scale_row_bytes = staged_scale_row(ctx, std::span(&w, 1));
   }
   if (precision == MmaPrecision::kSplitX) {
     launch_format<true>(ctx, grid, a);
@@ -654,6 +704,8 @@ void launch_gemm_mma_glu(const Ctx& ctx, const WeightView& gate, const WeightVie
   a.glu = int(act);
   a.sx = launch_split_x(ctx, x, map.x_per_slot ? n_pairs : (n_pairs + map.k - 1) / map.k, gate.in, gate.group_size,
                         scratch);
+  const WeightView both[2] = {gate, up};
+  a.scale_row_bytes = staged_scale_row(ctx, both);
   const dim3 grid{unsigned(row_blocks), unsigned(std::min<int64_t>(std::max<int64_t>(max_tiles, 1), 65535))};
   launch_format<true>(ctx, grid, a);
 }
@@ -671,8 +723,10 @@ bool launch_gemm_mma_parts(const Ctx& ctx, std::span<const WeightView> ws, std::
   if (n_tokens == 0) return true;
   CUDA_REQUIRE(n_tokens > 0 && n_tokens < (int64_t(1) << 31), "gemm (mma): bad token count");
   MmaArgs a{w, x, ys[0], PairMap{nullptr, 1, true}, n_tokens, TileList{}, 0};
-  if (precision == MmaPrecision::kSplitX && w.bits != 0)
+  if (precision == MmaPrecision::kSplitX && w.bits != 0) {
     a.sx = launch_split_x(ctx, x, n_tokens, w.in, w.group_size, scratch);
+    a.scale_row_bytes = staged_scale_row(ctx, ws);
+  }
   a.n_parts = int(ws.size());
   int64_t blocks = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
