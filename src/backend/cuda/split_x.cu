@@ -76,15 +76,13 @@ SplitX launch_split_x(const Ctx& ctx, const float* x, int64_t rows, int64_t in, 
   CUDA_REQUIRE(in % 32 == 0 && group_size % 32 == 0 && in % group_size == 0, "gemm (mma): bad split-x shape");
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   CUDA_REQUIRE(blocks < (int64_t(1) << 31), "gemm (mma): too many x rows");
-  auto* base = static_cast<unsigned char*>(scratch);
-  SplitX s;
-  s.planes = base;
-  s.scale = reinterpret_cast<const float2*>(base + align256(size_t(rows) * size_t(in) * 4));
-  s.gsum = reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(s.scale) + align256(size_t(rows) * 8));
-  split_x_kernel<<<unsigned(blocks), 32 * kRowsPerBlock, 0, ctx.stream>>>(
-      x, rows, in, group_size, base, const_cast<float2*>(s.scale), const_cast<float*>(s.gsum));
+  // gemm_scratch_bytes' layout: planes, then scales, then group sums.
+  auto* planes = static_cast<unsigned char*>(scratch);
+  auto* scale = reinterpret_cast<float2*>(planes + align256(size_t(rows) * size_t(in) * 4));
+  auto* gsum = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(scale) + align256(size_t(rows) * 8));
+  split_x_kernel<<<unsigned(blocks), 32 * kRowsPerBlock, 0, ctx.stream>>>(x, rows, in, group_size, planes, scale, gsum);
   CUDA_CHECK_LAUNCH();
-  return s;
+  return SplitX{planes, scale, gsum};
 }
 
 }  // namespace moecel::cuda
