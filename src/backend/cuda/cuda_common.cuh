@@ -39,6 +39,9 @@ struct Ctx {
   // Rows per warp of the matrix-vector kernel (MOECEL_CUDA_GEMV_ROWS: 1, 2 or 4; 0 = chosen by size).
   int gemv_rows = 0;
   int extra_launches = 0;  // MOECEL_CUDA_EXTRA_LAUNCHES (measurement only)
+  // MOECEL_CUDA_SKIP (measurement only): kernels to replace by an empty one, "name[:grid_x],...", to measure what
+  // each costs a decode step (their outputs keep the previous step's values).
+  const char* skip = nullptr;
   // Tensor-core matrix-vector kernels for 4-/8-bit weights (gemv_mma.cuh), MOECEL_CUDA_DECODE_MMA:
   // 0 never, 1 for every eligible weight, 2 (default) only for single matrices of at least kMmaAutoRows rows
   // (the lm_head), where they are measured faster.
@@ -214,8 +217,17 @@ constexpr size_t kSmemOptInAbove = 32 * 1024;
 // Launches `kernel` on the context's stream, with programmatic stream serialization when ctx.pdl is set, opting
 // into more than 48 KiB of dynamic shared memory when `smem` asks for it. Every kernel launched this way calls
 // pdl_wait() before it touches memory that earlier kernels write.
+// Whether MOECEL_CUDA_SKIP names this kernel (its mangled name contains an entry's name; grid.x equals its grid_x).
+bool skip_launch(const char* spec, const void* kernel, dim3 grid);
+
 template <class... KArgs, class... Args>
 void launch_k(const Ctx& ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  if (ctx.skip && skip_launch(ctx.skip, reinterpret_cast<const void*>(kernel), grid)) {
+    cudaLaunchAttribute ea;
+    const cudaLaunchConfig_t ec = launch_config(ctx, dim3(1), dim3(32), 0, ea);
+    CUDA_CHECK(cudaLaunchKernelEx(&ec, empty_kernel));
+    return;
+  }
   for (int i = 0; i < ctx.extra_launches; ++i) {
     cudaLaunchAttribute ea;
     const cudaLaunchConfig_t ec = launch_config(ctx, dim3(1), dim3(32), 0, ea);

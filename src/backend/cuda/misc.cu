@@ -106,8 +106,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 __global__ void __launch_bounds__(kThreads)
     kv_store_kernel(const float* k, const float* v, int64_t n_tokens, int64_t width, int64_t pos0,
                     const int64_t* step_pos, int64_t capacity, float* kc, float* vc) {
+  if (step_pos) pos0 = *step_pos;  // written before the graph's replay, never by a kernel: read before the wait
   pdl_enter();
-  if (step_pos) pos0 = *step_pos;
   const int64_t rows = min(n_tokens, capacity - pos0);
   if (pos0 < 0 || rows <= 0) return;
   const int64_t n = rows * width;

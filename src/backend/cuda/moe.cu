@@ -1,5 +1,5 @@
-// Router top-k (one warp per token up to 256 experts, else one block per token: softmax reductions, then k
-// rounds of an argmax), the MoE weighted
+// Router top-k (one block per token: up to 256 experts, scores by one warp and ranks by all threads; beyond that
+// softmax reductions, then k rounds of an argmax), the MoE weighted
 // sum (slots summed in order 0..k-1, like the CPU backend) and the GLU activations (elementwise).
 #include <algorithm>
 
@@ -81,18 +81,48 @@ __global__ void router_topk_kernel(const float* logits, int n_experts, int k, bo
   }
 }
 
-constexpr int kTokensPerBlock = 4;
+constexpr int kRankThreads = 256;
 
-// The same selection by one warp per token (warp_router_topk, moe.cuh). Preconditions: blockDim.x == 32 * tokens
-// per block; n_experts <= kWarpRouterExperts; 1 <= k <= min(n_experts, 32).
-__global__ void router_topk_warp_kernel(const float* logits, int64_t n_tokens, int n_experts, int k, bool topk_softmax,
-                                        bool renormalize, int32_t* indices, float* weights) {
+// The same selection for up to 32 * kPerLane <= 256 experts and k <= 32, one 256-thread block per token. Warp 0
+// computes the scores as warp_router_topk_n does (same values); then every thread ranks its expert against a
+// share of the others (kRankThreads / (32 * kPerLane) threads per expert, the partial counts added by shuffles),
+// so the 64 x 64 comparisons of OLMoE's router take 16 steps per thread instead of 128 in one warp (the one-warp
+// version cost ~9 us of each decode layer: a single warp's dependent instructions, not the work). Results are
+// those of warp_router_topk_n bit for bit: the same scores, the same order (warp_router_rank_before).
+template <int kPerLane>
+__global__ void __launch_bounds__(kRankThreads)
+    router_topk_rank_kernel(const float* logits, int n_experts, int k, bool topk_softmax, bool renormalize,
+                            int32_t* indices, float* weights) {
+  constexpr int kN = 32 * kPerLane, kG = kRankThreads / kN;  // experts held, threads per expert
+  __shared__ float ps[kN];
+  __shared__ float sel_w[32];
+  __shared__ int sel_i[32];
   pdl_enter();
-  __shared__ float ws[kTokensPerBlock][kWarpRouterExperts];
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (t >= n_tokens) return;
-  warp_router_topk(logits + t * n_experts, n_experts, k, topk_softmax, renormalize, indices + t * k, weights + t * k,
-                   ws[threadIdx.x >> 5]);
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x < 32) {
+    float sc[kPerLane];
+    warp_router_scores<kPerLane>(logits + t * n_experts, n_experts, topk_softmax, sc, ps);
+  }
+  __syncthreads();
+  const int e = threadIdx.x / kG, part = threadIdx.x % kG;
+  const float v = e < n_experts ? ps[e] : 0.0f;
+  int r = 0;
+  if (e < n_experts) {
+    for (int e2 = part; e2 < n_experts; e2 += kG) r += warp_router_rank_before(ps[e2], e2, v, e);
+  }
+#pragma unroll
+  for (int o = 1; o < kG; o <<= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  if (part == 0 && e < n_experts && r < k) {
+    sel_i[r] = e;
+    sel_w[r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) warp_router_weights(sel_w, k, topk_softmax, renormalize);
+  __syncthreads();
+  if (threadIdx.x < k) {
+    indices[t * k + threadIdx.x] = sel_i[threadIdx.x];
+    weights[t * k + threadIdx.x] = sel_w[threadIdx.x];
+  }
 }
 
 // Preconditions: grid-stride over n_tokens * hidden elements.
@@ -128,9 +158,11 @@ void launch_router_topk(const Ctx& ctx, const float* logits, int64_t n_tokens, i
   CUDA_REQUIRE(k >= 1 && k <= n_experts && k <= kMaxTopK, "router_topk: k must be in [1, min(n_experts, 64)]");
   CUDA_REQUIRE(n_tokens < (int64_t(1) << 31), "router_topk: too many tokens");
   if (n_experts <= kWarpRouterExperts && k <= 32) {
-    const unsigned blocks = unsigned((n_tokens + kTokensPerBlock - 1) / kTokensPerBlock);
-    launch_k(ctx, router_topk_warp_kernel, blocks, 32 * kTokensPerBlock, 0, logits, n_tokens, n_experts, k,
-             topk_softmax, renormalize, indices, weights);
+    auto kernel = n_experts <= 64    ? router_topk_rank_kernel<2>
+                  : n_experts <= 128 ? router_topk_rank_kernel<4>
+                                     : router_topk_rank_kernel<kWarpRouterExperts / 32>;
+    launch_k(ctx, kernel, unsigned(n_tokens), kRankThreads, 0, logits, n_experts, k, topk_softmax, renormalize, indices,
+             weights);
     return;
   }
   const int threads = std::min(1024, (n_experts + 31) / 32 * 32);

@@ -28,8 +28,8 @@ __global__ void __launch_bounds__(kThreads)
 // Preconditions: one block per token; half <= kMaxRopeHalf; 2 * half <= head_dim.
 __global__ void __launch_bounds__(kThreads)
     rope_kernel(float* x, int64_t pos0, const int64_t* step_pos, int n_heads, int head_dim, int half, RopeFreqs freqs) {
+  if (step_pos) pos0 = *step_pos;  // written before the graph's replay, never by a kernel: read before the wait
   pdl_enter();
-  if (step_pos) pos0 = *step_pos;
   const int64_t t = blockIdx.x;
   float* xt = x + t * int64_t(n_heads) * head_dim;
   const float pos = float(pos0 + t);
@@ -89,8 +89,8 @@ __global__ void __launch_bounds__(kRowThreads)
     const int64_t e = threadIdx.x + int64_t(j) * kRowThreads;
     nw[j] = e < width ? load_float(nw_ptr, nw_type, e) : 0.0f;
   }
+  if (step_pos) pos0 = *step_pos;  // written before the graph's replay, never by a kernel: read before the wait
   pdl_enter();
-  if (step_pos) pos0 = *step_pos;
   const int64_t t = blockIdx.x;
   float* xr = (is_k ? k : q) + t * width;
   float xv[kRowPer];
