@@ -4,6 +4,7 @@
 #if defined(MOECEL_HAVE_CUDA)
 #include "backend/cuda/cuda_common.cuh"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -23,6 +24,10 @@ void throw_precondition(const char* cond, const std::string& what, const char* f
 bool skip_launch(const char* spec, const void* kernel, dim3 grid) {
   const char* name = nullptr;
   if (cudaFuncGetName(&name, kernel) != cudaSuccess || !name) return false;
+  if (std::strcmp(spec, "list") == 0) {  // MOECEL_CUDA_SKIP=list: name every launch, skip none
+    std::fprintf(stderr, "launch %s grid %u x %u\n", name, grid.x, grid.y);
+    return false;
+  }
   for (const char* p = spec; *p;) {
     const char* end = std::strchr(p, ',');
     const std::string entry(p, end ? size_t(end - p) : std::strlen(p));

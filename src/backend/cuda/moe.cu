@@ -81,48 +81,17 @@ __global__ void router_topk_kernel(const float* logits, int n_experts, int k, bo
   }
 }
 
-constexpr int kRankThreads = 256;
-
-// The same selection for up to 32 * kPerLane <= 256 experts and k <= 32, one 256-thread block per token. Warp 0
-// computes the scores as warp_router_topk_n does (same values); then every thread ranks its expert against a
-// share of the others (kRankThreads / (32 * kPerLane) threads per expert, the partial counts added by shuffles),
-// so the 64 x 64 comparisons of OLMoE's router take 16 steps per thread instead of 128 in one warp (the one-warp
-// version cost ~9 us of each decode layer: a single warp's dependent instructions, not the work). Results are
-// those of warp_router_topk_n bit for bit: the same scores, the same order (warp_router_rank_before).
+// One block per token (block_router_topk_n, moe.cuh), one kernel per expert-count class so that each holds only
+// its own code. Preconditions: blockDim.x == kRankThreads; n_experts <= 32 * kPerLane; 1 <= k <= min(n_experts, 32).
 template <int kPerLane>
 __global__ void __launch_bounds__(kRankThreads)
     router_topk_rank_kernel(const float* logits, int n_experts, int k, bool topk_softmax, bool renormalize,
                             int32_t* indices, float* weights) {
-  constexpr int kN = 32 * kPerLane, kG = kRankThreads / kN;  // experts held, threads per expert
-  __shared__ float ps[kN];
-  __shared__ float sel_w[32];
-  __shared__ int sel_i[32];
+  __shared__ RouterRankSmem sm;
   pdl_enter();
   const int64_t t = blockIdx.x;
-  if (threadIdx.x < 32) {
-    float sc[kPerLane];
-    warp_router_scores<kPerLane>(logits + t * n_experts, n_experts, topk_softmax, sc, ps);
-  }
-  __syncthreads();
-  const int e = threadIdx.x / kG, part = threadIdx.x % kG;
-  const float v = e < n_experts ? ps[e] : 0.0f;
-  int r = 0;
-  if (e < n_experts) {
-    for (int e2 = part; e2 < n_experts; e2 += kG) r += warp_router_rank_before(ps[e2], e2, v, e);
-  }
-#pragma unroll
-  for (int o = 1; o < kG; o <<= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
-  if (part == 0 && e < n_experts && r < k) {
-    sel_i[r] = e;
-    sel_w[r] = v;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) warp_router_weights(sel_w, k, topk_softmax, renormalize);
-  __syncthreads();
-  if (threadIdx.x < k) {
-    indices[t * k + threadIdx.x] = sel_i[threadIdx.x];
-    weights[t * k + threadIdx.x] = sel_w[threadIdx.x];
-  }
+  block_router_topk_n<kPerLane>(logits + t * n_experts, n_experts, k, topk_softmax, renormalize, indices + t * k,
+                                weights + t * k, sm);
 }
 
 // Preconditions: grid-stride over n_tokens * hidden elements.

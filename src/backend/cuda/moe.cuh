@@ -9,7 +9,7 @@ namespace moecel::cuda {
 
 constexpr int kMaxTopK = 64;
 constexpr int kMaxRouterExperts = 8192;
-constexpr int kWarpRouterExperts = 256;  // the one-warp top-k (warp_router_topk) takes up to this many
+constexpr int kWarpRouterExperts = 256;  // the block top-k (block_router_topk) takes up to this many
 
 // logits (n_tokens, n_experts) -> indices (n_tokens, k), weights (n_tokens, k). topk_softmax: softmax over the
 // k selected logits only (else softmax over all experts first, then top-k of the probabilities); renormalize:
@@ -26,8 +26,7 @@ enum class GluAct : int { kSiLU = 0, kGeLU = 1, kReLU2 = 2 };
 void launch_glu(const Ctx& ctx, GluAct act, const float* gate, const float* up, int64_t n, float* out);
 
 #ifdef __CUDACC__
-// Router top-k pieces (launch_router_topk's semantics), shared by the one-warp selection below and the block
-// kernel of moe.cu so that both give the same scores, order and weights.
+// Router top-k pieces (launch_router_topk's semantics) for block_router_topk below.
 
 // The scores of one token by one warp: lane + 32 i holds expert lane + 32 i (n_experts <= 32 * kPerLane); softmax
 // over all experts in f32 unless topk_softmax (then the raw logits). `l` is read through L2 (__ldcg), so the last
@@ -87,54 +86,60 @@ __device__ __forceinline__ void warp_router_weights(float* ws, int k, bool topk_
   }
 }
 
-// Router top-k of one token by one warp, for up to kWarpRouterExperts experts and k <= 32: each lane ranks its own
-// experts against all others. Writes idx[0..k) and w[0..k); `ws` is kWarpRouterExperts floats of this warp's
-// shared memory. kPerLane (experts per lane, n_experts <= 32 * kPerLane) is a template argument so that small
-// routers run small code. One warp's dependent instructions are slow (~9 us per OLMoE layer as a kernel of its
-// own): the standalone top-k uses the block kernel of moe.cu; this serves the router's last-block epilogue.
+constexpr int kRankThreads = 256;  // block_router_topk's block size
+
+// Shared memory of block_router_topk.
+struct RouterRankSmem {
+  float ps[kWarpRouterExperts];
+  float sel_w[32];
+  int sel_i[32];
+};
+
+// Router top-k of one token by a kRankThreads-thread block, up to 32 * kPerLane <= 256 experts and k <= 32: warp 0
+// computes the scores (warp_router_scores); then every thread ranks its expert against a share of the others
+// (kRankThreads / (32 * kPerLane) threads per expert, partial counts added by shuffles), so OLMoE's 64 x 64
+// comparisons take 16 steps per thread instead of 128 in one warp (the one-warp version cost ~9 us of each decode
+// layer as a kernel of its own: one warp's dependent instructions, not the work). Every thread of the block calls
+// it; it starts and ends with a barrier.
 template <int kPerLane>
-__device__ __forceinline__ void warp_router_topk_n(const float* l, int n_experts, int k, bool topk_softmax,
-                                                   bool renormalize, int32_t* idx, float* w, float* ws) {
-  const int lane = threadIdx.x & 31;
-  float sc[kPerLane];
-  warp_router_scores<kPerLane>(l, n_experts, topk_softmax, sc, ws);
-  __syncwarp();
-  int rank[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) rank[i] = kMaxTopK;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    if (32 * i >= n_experts) break;  // uniform over the warp
-    const int e = lane + 32 * i;
-    int r = 0;
-#pragma unroll 4
-    for (int e2 = 0; e2 < n_experts; ++e2) r += warp_router_rank_before(ws[e2], e2, sc[i], e);  // ws[e2]: broadcast
-    if (e < n_experts) rank[i] = r;
+__device__ __forceinline__ void block_router_topk_n(const float* l, int n_experts, int k, bool topk_softmax,
+                                                    bool renormalize, int32_t* idx, float* w, RouterRankSmem& sm) {
+  constexpr int kG = kRankThreads / (32 * kPerLane);  // threads per expert
+  __syncthreads();                                    // sm may still be read by a previous call
+  if (threadIdx.x < 32) {
+    float sc[kPerLane];
+    warp_router_scores<kPerLane>(l, n_experts, topk_softmax, sc, sm.ps);
   }
-  __syncwarp();  // every lane has read the scores; ws now holds the selected weights by rank
+  __syncthreads();
+  const int e = threadIdx.x / kG, part = threadIdx.x % kG;
+  const float v = e < n_experts ? sm.ps[e] : 0.0f;
+  int r = 0;
+  if (e < n_experts) {
+    for (int e2 = part; e2 < n_experts; e2 += kG) r += warp_router_rank_before(sm.ps[e2], e2, v, e);
+  }
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i)
-    if (rank[i] < k) ws[rank[i]] = sc[i];
-  __syncwarp();
-  if (lane == 0) warp_router_weights(ws, k, topk_softmax, renormalize);
-  __syncwarp();
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    if (rank[i] < k) {
-      idx[rank[i]] = lane + 32 * i;
-      w[rank[i]] = ws[rank[i]];
-    }
+  for (int o = 1; o < kG; o <<= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  if (part == 0 && e < n_experts && r < k) {
+    sm.sel_i[r] = e;
+    sm.sel_w[r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) warp_router_weights(sm.sel_w, k, topk_softmax, renormalize);
+  __syncthreads();
+  if (threadIdx.x < k) {
+    idx[threadIdx.x] = sm.sel_i[threadIdx.x];
+    w[threadIdx.x] = sm.sel_w[threadIdx.x];
   }
 }
 
-__device__ __forceinline__ void warp_router_topk(const float* l, int n_experts, int k, bool topk_softmax,
-                                                 bool renormalize, int32_t* idx, float* w, float* ws) {
+__device__ __forceinline__ void block_router_topk(const float* l, int n_experts, int k, bool topk_softmax,
+                                                  bool renormalize, int32_t* idx, float* w, RouterRankSmem& sm) {
   if (n_experts <= 64) {
-    warp_router_topk_n<2>(l, n_experts, k, topk_softmax, renormalize, idx, w, ws);
+    block_router_topk_n<2>(l, n_experts, k, topk_softmax, renormalize, idx, w, sm);
   } else if (n_experts <= 128) {
-    warp_router_topk_n<4>(l, n_experts, k, topk_softmax, renormalize, idx, w, ws);
+    block_router_topk_n<4>(l, n_experts, k, topk_softmax, renormalize, idx, w, sm);
   } else {
-    warp_router_topk_n<kWarpRouterExperts / 32>(l, n_experts, k, topk_softmax, renormalize, idx, w, ws);
+    block_router_topk_n<kWarpRouterExperts / 32>(l, n_experts, k, topk_softmax, renormalize, idx, w, sm);
   }
 }
 

@@ -104,11 +104,12 @@ __device__ inline void normalize_staged(const GemvArgs& a, int64_t in, int64_t p
   __syncthreads();
 }
 
-// Router epilogue: the block that finishes last runs the top-k of every token's logits (y of part 0), one warp per
-// token, then resets the counter for the next launch.
+// Router epilogue: the block that finishes last runs the top-k of every token's logits (y of part 0), the whole
+// block per token (block_router_topk), then resets the counter for the next launch.
 __device__ inline void router_epilogue(const GemvArgs& a) {
+  static_assert(kThreads == kRankThreads, "block_router_topk needs the whole block");
   __shared__ bool last;
-  __shared__ float ws[kWarps][kWarpRouterExperts];
+  __shared__ RouterRankSmem rs;
   __syncthreads();  // every warp of this block has written its logits
   if (threadIdx.x == 0) {
     __threadfence();
@@ -118,11 +119,10 @@ __device__ inline void router_epilogue(const GemvArgs& a) {
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const int warp = threadIdx.x >> 5;
   const RouterEpilogue& r = a.f.router;
-  for (int64_t t = warp; t < gridDim.y; t += kWarps) {
-    warp_router_topk(a.y[0] + t * a.w[0].out, int(a.w[0].out), r.k, r.topk_softmax, r.renormalize, r.indices + t * r.k,
-                     r.weights + t * r.k, ws[warp]);
+  for (int64_t t = 0; t < gridDim.y; ++t) {
+    block_router_topk(a.y[0] + t * a.w[0].out, int(a.w[0].out), r.k, r.topk_softmax, r.renormalize, r.indices + t * r.k,
+                      r.weights + t * r.k, rs);
   }
   if (threadIdx.x == 0) *a.f.counter = 0u;
 }

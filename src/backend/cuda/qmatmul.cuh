@@ -70,7 +70,7 @@ bool launch_gather_glu(const Ctx& ctx, const WeightView& gate, const WeightView&
 // rms_norm_router): fewer launches per decode step, the same per-row arithmetic ----
 constexpr int kMaxGemvParts = 3;  // e.g. q, k and v in one launch
 
-// Top-k of the logits the launch writes, by its last block (warp_router_topk: up to 256 experts, k <= 32).
+// Top-k of the logits the launch writes, by its last block (block_router_topk: up to 256 experts, k <= 32).
 struct RouterEpilogue {
   int k = 0;  // 0: none
   bool topk_softmax = false, renormalize = false;
