@@ -191,26 +191,41 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_kernel(FusedMoeArgs 
   if (row >= hidden) return;
   const int gshift = __ffs(a.down.group_size / kChunk) - 1;
   const int lr = min(warp, n_rows - 1);
+  // Every slot's rows were requested before the wait for kernel A, so they are waited for together, and kSlots slots
+  // are computed at once: one slot at a time, each slot's chain of dependent FMAs and shuffles ran alone (the
+  // barrier wait between slots kept the compiler from overlapping them). Slots are still added in order 0..k-1.
+  for (int sl = 0; sl < a.k; ++sl) mbar_wait(&bars[sl], 0);
+  constexpr int kSlots = 4;
   float out = 0.0f;
-  for (int sl = 0; sl < a.k; ++sl) {
-    const int32_t e = experts[sl];  // written before the barriers of the staging
-    mbar_wait(&bars[sl], 0);
-    const RowTile<BITS, ST> t = tile(sl);
-    const float* x = xs + sl * n_chunks * kChunkPad;
-    auto x_of = [&](int) { return x; };
-    float acc[1] = {0.0f};
+  for (int s0 = 0; s0 < a.k; s0 += kSlots) {
+    auto x_of = [&](int i) { return xs + min(s0 + i, a.k - 1) * n_chunks * kChunkPad; };
+    float acc[kSlots];
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) acc[i] = 0.0f;
     for (int64_t c = lane; c < n_chunks; c += 32) {
-      uint32_t wd[1][BITS];
-      t.load(lr, c, wd[0]);
-      const float sc[1] = {t.scale(lr, c >> gshift)}, bi[1] = {t.bias(lr, c >> gshift)};
-      dot_step<BITS, 1>(wd, sc, bi, c, x_of, acc);
+      uint32_t wd[kSlots][BITS];
+      float sc[kSlots], bi[kSlots];
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        const RowTile<BITS, ST> t = tile(min(s0 + i, a.k - 1));  // a slot past k repeats the last; dropped below
+        t.load(lr, c, wd[i]);
+        sc[i] = t.scale(lr, c >> gshift);
+        bi[i] = t.bias(lr, c >> gshift);
+      }
+      dot_step<BITS, kSlots>(wd, sc, bi, c, x_of, acc);
     }
-    const float d = warp_sum(acc[0]);
-    if (!valid_expert(e, a.down.n_stack)) {
-      if (lane == 0 && row == 0) raise_device_error(err, kErrExpertIndex);
-      out = __int_as_float(0x7fc00000);
-    } else {
-      out = fmaf(a.weights[sl], d, out);  // the gather path's weighted sum, same order
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) acc[i] = warp_sum(acc[i]);
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      const int sl = s0 + i;
+      if (sl >= a.k) break;
+      if (!valid_expert(experts[sl], a.down.n_stack)) {  // experts[] was written before the staging's barriers
+        if (lane == 0 && row == 0) raise_device_error(err, kErrExpertIndex);
+        out = __int_as_float(0x7fc00000);
+      } else {
+        out = fmaf(a.weights[sl], acc[i], out);  // the gather path's weighted sum, same order
+      }
     }
   }
   if (lane == 0) a.out[row] = a.residual ? a.residual[row] + out : out;
