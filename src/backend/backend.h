@@ -28,9 +28,17 @@ enum class RouterScoring {
 class DecodeGraph {
  public:
   virtual ~DecodeGraph() = default;
-  // Writes `id` into the step's input ids and `pos` into the device step position, replays the step, waits,
-  // and returns the token id the step wrote to its output (the greedy next token).
-  virtual int32_t run(int32_t id, int64_t pos) = 0;
+  // Enqueues one step without waiting for it: its input id is `id` or, with `chain`, the output of the step
+  // enqueued just before (copied on the device, so the host need not know it yet); `pos` goes to the device step
+  // position. Two steps may be in flight, on slots 0 and 1: `slot` holds this step's output until wait(slot).
+  virtual void launch(int32_t id, bool chain, int64_t pos, int slot) = 0;
+  // Waits for the step enqueued on `slot` and returns the token id it wrote (the greedy next token).
+  virtual int32_t wait(int slot) = 0;
+  // One step, waited for.
+  int32_t run(int32_t id, int64_t pos) {
+    launch(id, false, pos, 0);
+    return wait(0);
+  }
 };
 
 class Backend {

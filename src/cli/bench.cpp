@@ -44,7 +44,7 @@ double time_tg(Model& m, KvCache& cache, GreedyStepper& stepper, int n, int32_t 
   cache.length = 0;
   int32_t id = first;
   auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < n; ++i) id = stepper.step(id);
+  for (int i = 0; i < n; ++i) id = stepper.step(id, i + 1 < n);
   m.backend().synchronize();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 
 #include "core/error.h"
 #include "models/moe_dispatch.h"
@@ -28,9 +29,15 @@ bool decode_graphs_enabled() {
 GreedyStepper::GreedyStepper(Model& model, KvCache& cache)
     : model_(model), cache_(cache), want_graph_(decode_graphs_enabled() && model.has_device_forward()) {}
 
-GreedyStepper::~GreedyStepper() = default;
+GreedyStepper::~GreedyStepper() {
+  if (!ahead_) return;
+  try {
+    graph_->wait(ahead_->slot);
+  } catch (const std::exception&) {  // a step nobody asked for: its errors are not the caller's
+  }
+}
 
-int32_t GreedyStepper::step(int32_t id) {
+int32_t GreedyStepper::step(int32_t id, bool more) {
   const ModelInfo& info = model_.info();
   MOECEL_CHECK(id >= 0 && id < info.vocab_size, "token id {} is outside the vocabulary [0, {})", id, info.vocab_size);
   MOECEL_CHECK(cache_.length + 1 <= cache_.capacity, "context of {} tokens exceeds the KV cache capacity {}",
@@ -52,7 +59,19 @@ int32_t GreedyStepper::step(int32_t id) {
     if (!graph_) want_graph_ = false;  // the backend has no graphs
   }
   if (graph_) {
-    const int32_t next = graph_->run(id, cache_.length);
+    const int64_t pos = cache_.length;
+    int slot = 0;
+    if (ahead_ && ahead_->pos == pos && ahead_->input == id) {
+      slot = ahead_->slot;  // already running
+    } else {
+      if (ahead_) graph_->wait(ahead_->slot);  // not the step wanted (another token or position): discarded
+      graph_->launch(id, false, pos, slot);
+    }
+    ahead_.reset();
+    const bool go_ahead = more && pos + 2 <= cache_.capacity;
+    if (go_ahead) graph_->launch(0, true, pos + 1, 1 - slot);
+    const int32_t next = graph_->wait(slot);
+    if (go_ahead) ahead_ = Ahead{1 - slot, pos + 1, next};
     moe_trace::replayed_step(graph_dispatches_);
     cache_.length += 1;
     return next;
@@ -111,7 +130,7 @@ GenerateResult generate_into(Model& model, KvCache& cache, std::span<const int32
     if (int(res.output_ids.size()) >= opt.max_tokens) break;
     const int32_t id = next;
     if (sampler.greedy()) {
-      next = stepper.step(id);
+      next = stepper.step(id, int(res.output_ids.size()) + 1 < opt.max_tokens);
     } else {
       moe_trace::DecodeStep step;
       next = pick(model.forward(std::span<const int32_t>(&id, 1), cache, false));

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,8 +39,12 @@ class GreedyStepper {
   GreedyStepper(const GreedyStepper&) = delete;
   GreedyStepper& operator=(const GreedyStepper&) = delete;
 
-  // Runs `id` at position cache.length, appends it to the cache and returns the argmax of the next token.
-  int32_t step(int32_t id);
+  // Runs `id` at position cache.length, appends it to the cache and returns the argmax of the next token. With a
+  // decode graph, unless `more` is false (the caller needs no token after this one), the step after it is enqueued
+  // before the wait, fed the returned token on the device: the host's turnaround (reading the token, launching the
+  // next step) then overlaps the device's work. The next call takes that step when it passes the returned token; a
+  // step nobody takes is discarded (the cache row it wrote is rewritten before any step reads it).
+  int32_t step(int32_t id, bool more = true);
   bool uses_graph() const { return graph_ != nullptr; }
 
  private:
@@ -49,6 +54,12 @@ class GreedyStepper {
   Tensor ids_, next_;  // the graph's input and output token, (1,) I32 on the backend
   std::unique_ptr<DecodeGraph> graph_;
   moe_trace::Counts graph_dispatches_;  // MoE dispatches recorded in graph_ (one replay = one decode step)
+  struct Ahead {                        // the step enqueued ahead, if any
+    int slot;
+    int64_t pos;
+    int32_t input;  // the token it was fed on the device
+  };
+  std::optional<Ahead> ahead_;
 };
 
 // Whether decode graphs are on: MOECEL_CUDA_GRAPH ("0" off, "1" on), else the default.

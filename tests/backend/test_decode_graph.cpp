@@ -159,6 +159,36 @@ TEST_P(DecodeGraph4, GenerateSameIdsWithAndWithoutGraph) {
   EXPECT_THROW(stepper.step(id), Error);
 }
 
+// The stepper runs the next step ahead, fed its own output on the device. Fed another token (teacher forcing),
+// at another position (a reset cache) or told no step follows, it must still return exactly what steps without a
+// graph return.
+TEST_P(DecodeGraph4, StepsAheadDiscardedWhenNotTaken) {
+  ModelDir dir("ahead", GetParam());
+  CudaBackend be;
+  auto model = load_model(dir.path.string(), be);
+  auto run = [&](const char* graph) {
+    GraphEnv env(graph);
+    KvCache cache = model->make_cache(64);
+    GreedyStepper stepper(*model, cache);
+    std::vector<int32_t> out;
+    int32_t id = 5;
+    for (int s = 0; s < 40; ++s) {
+      const int32_t next = stepper.step(id, s % 7 != 3);
+      out.push_back(next);
+      id = s % 3 == 0 ? int32_t((s * 37 + 11) % 1000) : next;  // every third step is fed another token
+      if (s == 25) {                                           // a reset: the step run ahead was for position 26
+        cache.length = 10;
+        id = 42;
+      }
+    }
+    EXPECT_EQ(stepper.uses_graph(), graph[0] == '1');
+    return out;
+  };
+  const std::vector<int32_t> off = run("0"), on = run("1");
+  ASSERT_EQ(off.size(), 40u);
+  EXPECT_EQ(on, off);
+}
+
 INSTANTIATE_TEST_SUITE_P(Bits, DecodeGraph4, ::testing::Values(4, 8, 0),
                          [](const ::testing::TestParamInfo<int>& i) { return "bits" + std::to_string(i.param); });
 

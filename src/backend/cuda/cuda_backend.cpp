@@ -43,23 +43,40 @@ class CudaDecodeGraph final : public DecodeGraph {
  public:
   CudaDecodeGraph(CudaBackend::Impl* impl, cudaGraphExec_t exec, std::vector<std::shared_ptr<void>> blocks, Tensor ids,
                   Tensor next)
-      : impl_(impl), exec_(exec), blocks_(std::move(blocks)), ids_(std::move(ids)), next_(std::move(next)) {}
+      : impl_(impl), exec_(exec), blocks_(std::move(blocks)), ids_(std::move(ids)), next_(std::move(next)) {
+    for (cudaEvent_t& e : done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
   ~CudaDecodeGraph() override {
-    cudaGraphExecDestroy(exec_);  // errors ignored: this may run while the process exits
+    cudaStreamSynchronize(impl_->ctx.stream);  // errors ignored: this may run while the process exits
+    for (cudaEvent_t e : done_) cudaEventDestroy(e);
+    cudaGraphExecDestroy(exec_);
     cudaGetLastError();
   }
 
-  int32_t run(int32_t id, int64_t pos) override {
-    MOECEL_CHECK(pos >= 0, "decode graph: negative position {}", pos);
+  // The slot's pinned words are read (pos, id) and written (next) by the copies when they run, so a slot is reused
+  // only after wait(slot).
+  void launch(int32_t id, bool chain, int64_t pos, int slot) override {
+    MOECEL_CHECK(pos >= 0 && (slot == 0 || slot == 1), "decode graph: bad position {} or slot {}", pos, slot);
     const cudaStream_t s = impl_->ctx.stream;
-    impl_->io_host->pos = pos;
-    impl_->io_host->id = id;
-    CUDA_CHECK(cudaMemcpyAsync(impl_->step_pos_dev, &impl_->io_host->pos, sizeof(int64_t), cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(ids_.data, &impl_->io_host->id, sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    StepIo& io = impl_->io_host[slot];
+    io.pos = pos;
+    io.id = id;
+    CUDA_CHECK(cudaMemcpyAsync(impl_->step_pos_dev, &io.pos, sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    if (chain) {
+      CUDA_CHECK(cudaMemcpyAsync(ids_.data, next_.data, sizeof(int32_t), cudaMemcpyDeviceToDevice, s));
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(ids_.data, &io.id, sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    }
     CUDA_CHECK(cudaGraphLaunch(exec_, s));
-    CUDA_CHECK(cudaMemcpyAsync(&impl_->io_host->next, next_.data, sizeof(int32_t), cudaMemcpyDeviceToHost, s));
-    impl_->sync();  // also reports bad input flagged by the kernels; the pinned words are free again after it
-    return impl_->io_host->next;
+    CUDA_CHECK(cudaMemcpyAsync(&io.next, next_.data, sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaEventRecord(done_[slot], s));
+  }
+
+  int32_t wait(int slot) override {
+    MOECEL_CHECK(slot == 0 || slot == 1, "decode graph: bad slot {}", slot);
+    CUDA_CHECK(cudaEventSynchronize(done_[slot]));
+    impl_->check_flag();  // bad input flagged by the kernels so far
+    return impl_->io_host[slot].next;
   }
 
  private:
@@ -67,6 +84,7 @@ class CudaDecodeGraph final : public DecodeGraph {
   cudaGraphExec_t exec_;
   std::vector<std::shared_ptr<void>> blocks_;
   Tensor ids_, next_;
+  cudaEvent_t done_[2] = {};
 };
 
 cuda::GluAct glu_act(Activation act) {
@@ -99,8 +117,8 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->flag_host), sizeof(unsigned), cudaHostAllocMapped));
   *impl_->flag_host = 0;
   CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->ctx.error_flag), impl_->flag_host, 0));
-  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->io_host), sizeof(StepIo), cudaHostAllocDefault));
-  *impl_->io_host = StepIo{};
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->io_host), 2 * sizeof(StepIo), cudaHostAllocDefault));
+  impl_->io_host[0] = impl_->io_host[1] = StepIo{};
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl_->step_pos_dev), sizeof(int64_t)));
   CUDA_CHECK(cudaMemset(impl_->step_pos_dev, 0, sizeof(int64_t)));
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl_->counter_dev), sizeof(unsigned)));

@@ -61,7 +61,7 @@ struct CudaBackend::Impl {
   unsigned* flag_host = nullptr;    // mapped pinned word the kernels raise DeviceError bits in
   int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)
   unsigned* counter_dev = nullptr;  // ctx.block_counter
-  StepIo* io_host = nullptr;        // pinned
+  StepIo* io_host = nullptr;        // pinned, one per decode graph slot (DecodeGraph::launch)
   bool capturing = false;
   std::vector<std::shared_ptr<void>> captured;  // blocks handed out while recording: reserved for the graph
 
@@ -80,6 +80,11 @@ struct CudaBackend::Impl {
   void sync() {
     MOECEL_CHECK(!capturing, "CUDA backend: an op waited for the device while a decode graph was being recorded");
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+    check_flag();
+  }
+
+  // Reports (and clears) bad input the kernels flagged up to the point the host has waited for.
+  void check_flag() {
     const unsigned e = __atomic_exchange_n(flag_host, 0u, __ATOMIC_SEQ_CST);
     if (e == 0) return;
     std::string what;
