@@ -114,6 +114,17 @@ class Backend {
     rope(k, pos0, n_kv_heads, head_dim, rot_dims, theta);
     kv_store(k, v, k_cache, v_cache, pos0);
   }
+  // qk_norm_rope_store, then attention(q, k_cache, v_cache, pos0, ...) into out (n_tokens, n_heads * head_dim): the
+  // attention block of full-width q/k norms. Afterwards q and k hold what qk_norm_rope_store leaves or, where a
+  // backend fuses the two (CUDA, one decode token), their inputs.
+  virtual void qk_norm_rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                                      float eps, int n_heads, int n_kv_heads, int head_dim, int rot_dims, float theta,
+                                      Tensor& k_cache, Tensor& v_cache, int64_t pos0, float scale, int window,
+                                      Tensor& out) {
+    qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, n_heads, n_kv_heads, head_dim, rot_dims, theta, k_cache, v_cache,
+                       pos0);
+    attention(q, k_cache, v_cache, pos0, n_heads, n_kv_heads, head_dim, scale, window, out);
+  }
   // xn = rms_norm(x, norm_weight), then ys[i] = linear(*ws[i], xn) for every i (e.g. q, k and v from one
   // input); xn is also written to *xn_out when given. x (n_tokens, d); ws[i] (out_i, d); ys[i] (n_tokens, out_i).
   // No output may overlap x.

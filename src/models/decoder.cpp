@@ -264,9 +264,9 @@ Tensor DecoderModel::forward_device(const Tensor& tok, KvCache& cache, bool all_
       be.add_bias(k, ly.k_bias);
       be.add_bias(v, ly.v_bias);
     }
-    if (opt_.qk_norm_full && opt_.clip_qkv <= 0) {  // norms over the whole width, rope and cache store in one op
-      be.qk_norm_rope_store(q, k, v, ly.q_norm, ly.k_norm, eps, n_heads, n_kv_heads, head_dim, head_dim, theta,
-                            cache.k[l], cache.v[l], pos0);
+    if (opt_.qk_norm_full && opt_.clip_qkv <= 0) {  // norms over the whole width, rope, cache store, attention
+      be.qk_norm_rope_attention(q, k, v, ly.q_norm, ly.k_norm, eps, n_heads, n_kv_heads, head_dim, head_dim, theta,
+                                cache.k[l], cache.v[l], pos0, scale, ly.window, att);
     } else {
       if (ly.q_norm.data) {  // rows of the norm weight's width: one per head, or the whole projection
         be.rms_norm(q, ly.q_norm, eps, q);
@@ -280,8 +280,8 @@ Tensor DecoderModel::forward_device(const Tensor& tok, KvCache& cache, bool all_
       be.rope(q, pos0, n_heads, head_dim, head_dim, theta);
       be.rope(k, pos0, n_kv_heads, head_dim, head_dim, theta);
       be.kv_store(k, v, cache.k[l], cache.v[l], pos0);
+      be.attention(q, cache.k[l], cache.v[l], pos0, n_heads, n_kv_heads, head_dim, scale, ly.window, att);
     }
-    be.attention(q, cache.k[l], cache.v[l], pos0, n_heads, n_kv_heads, head_dim, scale, ly.window, att);
     if (ly.o_bias.data) {
       be.linear(ly.o_proj, att, o);
       be.add_bias(o, ly.o_bias);

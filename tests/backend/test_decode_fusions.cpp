@@ -1,7 +1,7 @@
 // The decode-step fusions of the CUDA backend (rms_norm_linears, linear_residual, rms_norm_router,
-// fused_moe_add) and the multi-block argmax. Each fused launch is checked against the CPU backend (the oracle,
-// running the ops one by one) and, bit for bit, against the same ops run one by one on the CUDA backend: the
-// fusions save launches and must not change a single result.
+// fused_moe_add, qk_norm_rope_attention) and the multi-block argmax. Each fused launch is checked against the CPU
+// backend (the oracle, running the ops one by one) and, bit for bit, against the same ops run one by one on the CUDA
+// backend: the fusions save launches and must not change a single result.
 #include <span>
 
 #include "backend_ops_common.h"
@@ -196,6 +196,58 @@ TEST_F(CudaOps, FusedMoeAddMatchesFusedMoeThenAdd) {
     const Tensor moe = glu.forward_gather(cu(), x, idx, wts);
     cu().add(gathered, moe, gathered);
     EXPECT_EQ(down(acc), down(gathered)) << "bits " << bits << ": fused + residual vs gather + add";
+  }
+}
+
+// The attention block of full-width q/k norms in one launch (MOECEL_CUDA_FUSIONS bit 16, on by default) against the
+// two launches it replaces (bit 16 off) bit for bit, and against the CPU: GQA, head sizes 64 to 256, partial
+// rotary, a sliding window, positions from 0 to near the end of the cache.
+TEST_F(CudaOps, QkNormRopeAttentionMatchesTheTwoOps) {
+  struct Case {
+    int n_heads, n_kv_heads, head_dim, rot_dims, window;
+  };
+  Rng rng(29);
+  const int64_t max_pos = 200;
+  for (const Case& c : {Case{16, 16, 128, 128, 0}, Case{8, 2, 64, 32, 0}, Case{4, 4, 96, 96, 5},
+                        Case{4, 1, 256, 256, 0}, Case{2, 2, 40, 40, 0}}) {
+    const int64_t qw = int64_t(c.n_heads) * c.head_dim, kw = int64_t(c.n_kv_heads) * c.head_dim;
+    Tensor qn = host_random(DType::kBF16, {qw}, rng, 0.5f, 1.5f), kn = host_random(DType::kF32, {kw}, rng, 0.5f, 1.5f);
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    for (int64_t pos0 : {int64_t(0), int64_t(7), max_pos - 1}) {
+      Tensor q = host_random(DType::kF32, {1, qw}, rng, -3.0f, 3.0f), k = host_random(DType::kF32, {1, kw}, rng);
+      Tensor v = host_random(DType::kF32, {1, kw}, rng);
+      Tensor kc = host_random(DType::kF32, {max_pos, kw}, rng), vc = host_random(DType::kF32, {max_pos, kw}, rng);
+      const std::string what = "heads " + std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) + " dim " +
+                               std::to_string(c.head_dim) + " window " + std::to_string(c.window) + " pos0 " +
+                               std::to_string(pos0);
+      std::vector<float> outs[2], kcs[2], vcs[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        setenv("MOECEL_CUDA_FUSIONS", fused ? "23" : "7", 1);
+        CudaBackend be;
+        unsetenv("MOECEL_CUDA_FUSIONS");
+        Tensor dq = be.to_device(q), dk = be.to_device(k), dv = be.to_device(v), dqn = be.to_device(qn),
+               dkn = be.to_device(kn), dkc = be.to_device(kc), dvc = be.to_device(vc);
+        Tensor out = be.scratch(DType::kF32, {1, qw});
+        be.qk_norm_rope_attention(dq, dk, dv, dqn, dkn, 1e-5f, c.n_heads, c.n_kv_heads, c.head_dim, c.rot_dims,
+                                  10000.0f, dkc, dvc, pos0, scale, c.window, out);
+        auto get = [&](const Tensor& t) {
+          std::vector<float> h(static_cast<size_t>(t.numel()));
+          be.to_host(t, h.data());
+          return h;
+        };
+        outs[fused] = get(out);
+        kcs[fused] = get(dkc);
+        vcs[fused] = get(dvc);
+      }
+      EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4)) << what;
+      EXPECT_EQ(0, std::memcmp(kcs[0].data(), kcs[1].data(), kcs[0].size() * 4)) << what;
+      EXPECT_EQ(0, std::memcmp(vcs[0].data(), vcs[1].data(), vcs[0].size() * 4)) << what;
+      Tensor ref = cpu.alloc(DType::kF32, {1, qw});
+      cpu.qk_norm_rope_attention(q, k, v, qn, kn, 1e-5f, c.n_heads, c.n_kv_heads, c.head_dim, c.rot_dims, 10000.0f, kc,
+                                 vc, pos0, scale, c.window, ref);
+      EXPECT_LE(nmse(outs[1], down(ref)), kAttention) << what;
+      EXPECT_LE(nmse(kcs[1], down(kc)), kElementwise) << what;
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 // Decode uses it; prefill takes the tiled kernel (attention_prefill.cu) and falls back to this one (grid.y = tokens)
 // for head sizes that kernel does not take. Split-K for long contexts is a later step.
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/norm_rope.cuh"
 
 namespace moecel::cuda {
 namespace {
@@ -14,33 +15,19 @@ namespace {
 constexpr int kDecodeWarps = 16;
 constexpr int kPrefillWarps = 4;
 
-// Preconditions: blockDim.x == 32 * kWarps; grid (n_heads, n_tokens); head_dim <= 32 * VPL <= kMaxHeadDim;
-// n_heads % n_kv_heads == 0; cache rows [0, pos0 + n_tokens) exist.
+// One query row (qv: dims lane + 32 j, every warp holding all of them) against cache rows [first, last] of one kv head
+// (columns kv_off ..), written to o[0, head_dim). Warp w takes rows first + w, first + w + kWarps, ...
 template <int VPL, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32)
-    attention_kernel(const float* q, const float* kc, const float* vc, int64_t pos0, const int64_t* step_pos,
-                     int n_heads, int n_kv_heads, int head_dim, float scale, int window, float* out) {
+__device__ __forceinline__ void attend_rows(const float (&qv)[VPL], const float* kc, const float* vc, int64_t kv_width,
+                                            int64_t kv_off, int64_t first, int64_t last, int head_dim, float scale,
+                                            float* o) {
   constexpr int kThreads = kWarps * 32;
-  if (step_pos) pos0 = *step_pos;  // written before the graph's replay, never by a kernel: read before the wait
-  pdl_enter();
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_acc[kWarps][kMaxHeadDim];
-  const int h = blockIdx.x;
-  const int64_t t = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t q_width = int64_t(n_heads) * head_dim, kv_width = int64_t(n_kv_heads) * head_dim;
-  const int64_t kv_off = int64_t(h / (n_heads / n_kv_heads)) * head_dim;
-  const int64_t last = pos0 + t;
-  const int64_t first = window > 0 ? max(int64_t(0), last - window + 1) : 0;
-
-  float qv[VPL], acc[VPL];
-  const float* qr = q + t * q_width + int64_t(h) * head_dim;
+  float acc[VPL];
 #pragma unroll
-  for (int j = 0; j < VPL; ++j) {
-    const int d = lane + 32 * j;
-    qv[j] = d < head_dim ? qr[d] : 0.0f;
-    acc[j] = 0.0f;
-  }
+  for (int j = 0; j < VPL; ++j) acc[j] = 0.0f;
   // A warp's rows are taken kBatch at a time, their K and V loads all issued before any is used: row by row, each
   // row's loads waited for the previous row's softmax step, a chain of memory round trips that made decode
   // attention ~6 us of each OLMoE layer. The rows are still folded in the same order (same results).
@@ -106,13 +93,123 @@ __global__ void __launch_bounds__(kWarps * 32)
     sum = fmaf(s_l[w], wgt[w], sum);
   }
   const float inv = 1.0f / sum;
-  float* o = out + t * q_width + int64_t(h) * head_dim;
   for (int d = threadIdx.x; d < head_dim; d += kThreads) {
     float v = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) v = fmaf(s_acc[w][d], wgt[w], v);
     o[d] = v * inv;
   }
+}
+
+// Preconditions: blockDim.x == 32 * kWarps; grid (n_heads, n_tokens); head_dim <= 32 * VPL <= kMaxHeadDim;
+// n_heads % n_kv_heads == 0; cache rows [0, pos0 + n_tokens) exist.
+template <int VPL, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_kernel(const float* q, const float* kc, const float* vc, int64_t pos0, const int64_t* step_pos,
+                     int n_heads, int n_kv_heads, int head_dim, float scale, int window, float* out) {
+  if (step_pos) pos0 = *step_pos;  // written before the graph's replay, never by a kernel: read before the wait
+  pdl_enter();
+  const int h = blockIdx.x;
+  const int64_t t = blockIdx.y;
+  const int lane = threadIdx.x & 31;
+  const int64_t q_width = int64_t(n_heads) * head_dim, kv_width = int64_t(n_kv_heads) * head_dim;
+  const int64_t kv_off = int64_t(h / (n_heads / n_kv_heads)) * head_dim;
+  const int64_t last = pos0 + t;
+  const int64_t first = window > 0 ? max(int64_t(0), last - window + 1) : 0;
+  float qv[VPL];
+  const float* qr = q + t * q_width + int64_t(h) * head_dim;
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    const int d = lane + 32 * j;
+    qv[j] = d < head_dim ? qr[d] : 0.0f;
+  }
+  attend_rows<VPL, kWarps>(qv, kc, vc, kv_width, kv_off, first, last, head_dim, scale,
+                           out + t * q_width + int64_t(h) * head_dim);
+}
+
+// The decode attention block of one query head in one launch: launch_qk_norm_rope_store's full-width norms (every
+// block adds all squares of q and k, in that kernel's order: this thread stands for its threads u and u + 512), the
+// rotary of this head's q and of its kv head's k, that k and v written to cache row pos0 (by every block of a GQA
+// group, the same values), then attend_rows. The same bits as the two launches; q and k are not written back.
+// One dependent launch less per layer. Preconditions: blockDim.x == kFusedThreads; grid (n_heads); one token;
+// widths <= kQkNormThreads * kQkNormPer; head_dim <= 32 * VPL <= kMaxHeadDim; 0 < half, 2 * half <= head_dim.
+constexpr int kFusedThreads = kDecodeWarps * 32;
+static_assert(2 * kFusedThreads == kQkNormThreads, "a thread stands for two of qk_norm_rope_store's");
+
+template <int VPL>
+__global__ void __launch_bounds__(kFusedThreads)
+    qk_norm_rope_attention_kernel(const float* q, const float* k, const float* v, const void* q_norm, FloatType q_wtype,
+                                  const void* k_norm, FloatType k_wtype, float eps, int n_heads, int n_kv_heads,
+                                  int head_dim, int half, RopeFreqs freqs, int64_t pos0, const int64_t* step_pos,
+                                  int64_t capacity, float* kc, float* vc, float scale, int window, float* out) {
+  __shared__ float red[2][32];
+  __shared__ float hq[kMaxHeadDim], hk[kMaxHeadDim];
+  if (step_pos) pos0 = *step_pos;
+  const int h = blockIdx.x, g = h / (n_heads / n_kv_heads);
+  const int u = threadIdx.x, warp = u >> 5, lane = u & 31;
+  const int64_t q_width = int64_t(n_heads) * head_dim, kv_width = int64_t(n_kv_heads) * head_dim;
+  const int64_t q_off = int64_t(h) * head_dim, kv_off = int64_t(g) * head_dim;
+  const bool mine = u < head_dim;  // this thread's element of the head
+  const float nq = mine ? load_float(q_norm, q_wtype, q_off + u) : 0.0f;
+  const float nk = mine ? load_float(k_norm, k_wtype, kv_off + u) : 0.0f;
+  pdl_enter();
+  float sq[2], sk[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t t = u + i * kFusedThreads;
+    float xq[kQkNormPer], xk[kQkNormPer];
+#pragma unroll
+    for (int j = 0; j < kQkNormPer; ++j) {
+      const int64_t e = t + int64_t(j) * kQkNormThreads;
+      xq[j] = e < q_width ? q[e] : 0.0f;
+      xk[j] = e < kv_width ? k[e] : 0.0f;
+    }
+    sq[i] = sk[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kQkNormPer; ++j) {
+      sq[i] = fmaf(xq[j], xq[j], sq[i]);
+      sk[i] = fmaf(xk[j], xk[j], sk[i]);
+    }
+  }
+  const float xq = mine ? q[q_off + u] : 0.0f, xk = mine ? k[kv_off + u] : 0.0f, xv = mine ? v[kv_off + u] : 0.0f;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // block_sum's first step for the 1024 threads: warp w + 16 i of them
+    sq[i] = warp_sum(sq[i]);
+    sk[i] = warp_sum(sk[i]);
+    if (lane == 0) {
+      red[0][warp + 16 * i] = sq[i];
+      red[1][warp + 16 * i] = sk[i];
+    }
+  }
+  __syncthreads();
+  const float inv_q = 1.0f / sqrtf(warp_sum(red[0][lane]) / float(q_width) + eps);
+  const float inv_k = 1.0f / sqrtf(warp_sum(red[1][lane]) / float(kv_width) + eps);
+  if (mine) {
+    hq[u] = xq * inv_q * nq;
+    hk[u] = xk * inv_k * nk;
+  }
+  __syncthreads();
+  const float pos = float(pos0);
+  float oq = 0.0f;
+  if (mine) {
+    oq = u < 2 * half ? rope_value(hq, u, half, pos, freqs) : hq[u];
+    const float ok = u < 2 * half ? rope_value(hk, u, half, pos, freqs) : hk[u];
+    if (pos0 >= 0 && pos0 < capacity) {
+      kc[pos0 * kv_width + kv_off + u] = ok;
+      vc[pos0 * kv_width + kv_off + u] = xv;
+    }
+  }
+  __syncthreads();  // every thread has read hq; the cache row is written (visible to this block after the barrier)
+  if (mine) hq[u] = oq;
+  __syncthreads();
+  float qv[VPL];
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    const int d = lane + 32 * j;
+    qv[j] = d < head_dim ? hq[d] : 0.0f;
+  }
+  const int64_t first = window > 0 ? max(int64_t(0), pos0 - window + 1) : 0;
+  attend_rows<VPL, kDecodeWarps>(qv, kc, vc, kv_width, kv_off, first, pos0, head_dim, scale, out + q_off);
 }
 
 template <int VPL>
@@ -154,6 +251,32 @@ void launch_attention(const Ctx& ctx, const float* q, const float* k_cache, cons
     MOECEL_ATTN_CASE(8)
 #undef MOECEL_ATTN_CASE
   }
+}
+
+bool launch_qk_norm_rope_attention(const Ctx& ctx, const QkNormRopeAttention& a) {
+  const int64_t q_width = int64_t(a.n_heads) * a.head_dim, kv_width = int64_t(a.n_kv_heads) * a.head_dim;
+  if (a.half <= 0 || 2 * a.half > a.head_dim || a.head_dim > kMaxHeadDim || a.n_kv_heads <= 0 ||
+      a.n_heads % a.n_kv_heads != 0 || q_width > kQkNormThreads * kQkNormPer ||
+      kv_width > kQkNormThreads * kQkNormPer) {
+    return false;
+  }
+  CUDA_REQUIRE(a.half <= kMaxRopeHalf && a.pos0 >= 0, "qk_norm_rope_attention: bad rotary dims or position");
+  auto go = [&](auto kernel) {
+    launch_k(ctx, kernel, dim3(unsigned(a.n_heads)), kFusedThreads, 0, a.q, a.k, a.v, a.q_norm, a.q_wtype, a.k_norm,
+             a.k_wtype, a.eps, a.n_heads, a.n_kv_heads, a.head_dim, a.half, *a.freqs, a.pos0, ctx.step_pos, a.capacity,
+             a.k_cache, a.v_cache, a.scale, a.window, a.out);
+  };
+  switch ((a.head_dim + 31) / 32) {
+    case 1: go(qk_norm_rope_attention_kernel<1>); break;
+    case 2: go(qk_norm_rope_attention_kernel<2>); break;
+    case 3: go(qk_norm_rope_attention_kernel<3>); break;
+    case 4: go(qk_norm_rope_attention_kernel<4>); break;
+    case 5: go(qk_norm_rope_attention_kernel<5>); break;
+    case 6: go(qk_norm_rope_attention_kernel<6>); break;
+    case 7: go(qk_norm_rope_attention_kernel<7>); break;
+    default: go(qk_norm_rope_attention_kernel<8>); break;
+  }
+  return true;
 }
 
 }  // namespace moecel::cuda

@@ -21,4 +21,24 @@ bool launch_attention_prefill(const Ctx& ctx, const float* q, const float* k_cac
                               int64_t n_tokens, int n_heads, int n_kv_heads, int head_dim, float scale, int window,
                               float* out);
 
+struct RopeFreqs;
+
+// The decode attention block of one token with full-width q/k norms: launch_qk_norm_rope_store then
+// launch_attention (bit for bit), in one launch of one block per query head; q and k are not written back.
+struct QkNormRopeAttention {
+  const float *q, *k, *v;  // (1, n_heads * head_dim), (1, kv width) x2
+  const void *q_norm, *k_norm;
+  FloatType q_wtype, k_wtype;
+  float eps;
+  int n_heads, n_kv_heads, head_dim, half;
+  const RopeFreqs* freqs;
+  int64_t pos0, capacity;  // pos0 from ctx.step_pos when set
+  float *k_cache, *v_cache;
+  float scale;
+  int window;
+  float* out;  // (1, n_heads * head_dim)
+};
+// Returns false, launching nothing, for shapes the kernel does not take (wider rows, head_dim > 256, no rotary).
+bool launch_qk_norm_rope_attention(const Ctx& ctx, const QkNormRopeAttention& a);
+
 }  // namespace moecel::cuda

@@ -447,14 +447,12 @@ void CudaBackend::add_rms_norm(const Tensor& a, const Tensor& b, Tensor& sum, co
                             y.ptr<float>());
 }
 
-void CudaBackend::qk_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                                     float eps, int n_heads, int n_kv_heads, int head_dim, int rot_dims, float theta,
-                                     Tensor& k_cache, Tensor& v_cache, int64_t pos0) {
-  if (rot_dims == 0) {  // nothing to rotate: the plain ops
-    Backend::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, n_heads, n_kv_heads, head_dim, rot_dims, theta, k_cache,
-                                v_cache, pos0);
-    return;
-  }
+namespace {
+
+// The checks of qk_norm_rope_store's fused kernels (rot_dims > 0); returns the number of tokens.
+int64_t check_qk_norm_rope(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
+                           const Tensor& k_norm, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
+                           const Tensor& k_cache, const Tensor& v_cache, int64_t pos0) {
   check_f32(q, "qk_norm_rope_store q");
   check_f32(k, "qk_norm_rope_store k");
   check_f32(v, "qk_norm_rope_store v");
@@ -462,7 +460,6 @@ void CudaBackend::qk_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, cons
   check_f32(v_cache, "qk_norm_rope_store v_cache");
   check_dev(q_norm, "qk_norm_rope_store q_norm");
   check_dev(k_norm, "qk_norm_rope_store k_norm");
-  const FloatType qt = float_type(q_norm.dtype, "q_norm weight"), kt = float_type(k_norm.dtype, "k_norm weight");
   MOECEL_CHECK(n_heads > 0 && n_kv_heads > 0 && head_dim > 0, "qk_norm_rope_store: bad heads {} / {} / head_dim {}",
                n_heads, n_kv_heads, head_dim);
   const int64_t q_width = int64_t(n_heads) * head_dim, kv_width = int64_t(n_kv_heads) * head_dim;
@@ -479,20 +476,83 @@ void CudaBackend::qk_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, cons
   MOECEL_CHECK(pos0 >= 0 && pos0 + n <= k_cache.dim(0), "context length {} exceeds the KV cache size {}", pos0 + n,
                k_cache.dim(0));
   MOECEL_CHECK(rot_dims % 2 == 0 && rot_dims > 0 && rot_dims <= head_dim, "rope: bad rotary dims {}", rot_dims);
-  const int half = rot_dims / 2;
-  MOECEL_CHECK(half <= cuda::kMaxRopeHalf, "rope: rotary dims {} above the CUDA backend's limit {}", rot_dims,
+  MOECEL_CHECK(rot_dims / 2 <= cuda::kMaxRopeHalf, "rope: rotary dims {} above the CUDA backend's limit {}", rot_dims,
                2 * cuda::kMaxRopeHalf);
   MOECEL_CHECK(n <= 65535, "qk_norm_rope_store: at most 65535 tokens per call, got {}", n);
-  if (q_width > 4096 || kv_width > 4096) {  // wider rows than the fused kernel holds: the ops one by one
-    return Backend::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, n_heads, n_kv_heads, head_dim, rot_dims, theta,
-                                       k_cache, v_cache, pos0);
-  }
   check_no_overlap(q, k, "qk_norm_rope_store");
+  return n;
+}
+
+cuda::RopeFreqs rope_freqs(int rot_dims, float theta) {
   cuda::RopeFreqs f{};
-  for (int i = 0; i < half; ++i) f.inv_freq[i] = float(std::pow(double(theta), -2.0 * i / rot_dims));
+  for (int i = 0; i < rot_dims / 2; ++i) f.inv_freq[i] = float(std::pow(double(theta), -2.0 * i / rot_dims));
+  return f;
+}
+
+}  // namespace
+
+void CudaBackend::qk_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                                     float eps, int n_heads, int n_kv_heads, int head_dim, int rot_dims, float theta,
+                                     Tensor& k_cache, Tensor& v_cache, int64_t pos0) {
+  const int64_t q_width = int64_t(n_heads) * head_dim, kv_width = int64_t(n_kv_heads) * head_dim;
+  // Nothing to rotate, or wider rows than the fused kernel holds: the ops one by one.
+  if (rot_dims == 0 || q_width > 4096 || kv_width > 4096) {
+    Backend::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, n_heads, n_kv_heads, head_dim, rot_dims, theta, k_cache,
+                                v_cache, pos0);
+    return;
+  }
+  const int64_t n =
+      check_qk_norm_rope(q, k, v, q_norm, k_norm, n_heads, n_kv_heads, head_dim, rot_dims, k_cache, v_cache, pos0);
+  const FloatType qt = float_type(q_norm.dtype, "q_norm weight"), kt = float_type(k_norm.dtype, "k_norm weight");
+  const cuda::RopeFreqs f = rope_freqs(rot_dims, theta);
   cuda::launch_qk_norm_rope_store(impl_->ctx, q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), q_norm.data, qt,
-                                  k_norm.data, kt, eps, n, n_heads, n_kv_heads, head_dim, half, f, pos0, k_cache.dim(0),
-                                  k_cache.ptr<float>(), v_cache.ptr<float>());
+                                  k_norm.data, kt, eps, n, n_heads, n_kv_heads, head_dim, rot_dims / 2, f, pos0,
+                                  k_cache.dim(0), k_cache.ptr<float>(), v_cache.ptr<float>());
+}
+
+void CudaBackend::qk_norm_rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_norm,
+                                         const Tensor& k_norm, float eps, int n_heads, int n_kv_heads, int head_dim,
+                                         int rot_dims, float theta, Tensor& k_cache, Tensor& v_cache, int64_t pos0,
+                                         float scale, int window, Tensor& out) {
+  const int64_t q_width = int64_t(n_heads) * head_dim;
+  // One decode token with rotary: one launch (attention.cu); else the two ops.
+  if (!(impl_->fusions & 16) || rot_dims == 0 || head_dim <= 0 || q.numel() != q_width) {
+    Backend::qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, n_heads, n_kv_heads, head_dim, rot_dims, theta,
+                                    k_cache, v_cache, pos0, scale, window, out);
+    return;
+  }
+  check_qk_norm_rope(q, k, v, q_norm, k_norm, n_heads, n_kv_heads, head_dim, rot_dims, k_cache, v_cache, pos0);
+  check_f32(out, "attention output");
+  check_rows(out, 1, q_width, "attention output");
+  MOECEL_CHECK(window >= 0, "attention: negative window {}", window);
+  check_no_overlap(out, k_cache, "qk_norm_rope_attention");
+  check_no_overlap(out, v_cache, "qk_norm_rope_attention");
+  const cuda::RopeFreqs f = rope_freqs(rot_dims, theta);
+  cuda::QkNormRopeAttention a{};
+  a.q = q.ptr<float>();
+  a.k = k.ptr<float>();
+  a.v = v.ptr<float>();
+  a.q_norm = q_norm.data;
+  a.k_norm = k_norm.data;
+  a.q_wtype = float_type(q_norm.dtype, "q_norm weight");
+  a.k_wtype = float_type(k_norm.dtype, "k_norm weight");
+  a.eps = eps;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  a.head_dim = head_dim;
+  a.half = rot_dims / 2;
+  a.freqs = &f;
+  a.pos0 = pos0;
+  a.capacity = k_cache.dim(0);
+  a.k_cache = k_cache.ptr<float>();
+  a.v_cache = v_cache.ptr<float>();
+  a.scale = scale;
+  a.window = window;
+  a.out = out.ptr<float>();
+  if (!cuda::launch_qk_norm_rope_attention(impl_->ctx, a)) {
+    Backend::qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, n_heads, n_kv_heads, head_dim, rot_dims, theta,
+                                    k_cache, v_cache, pos0, scale, window, out);
+  }
 }
 
 void CudaBackend::clamp(Tensor& x, float limit) {

@@ -45,6 +45,10 @@ class CudaBackend final : public Backend {
                   const Tensor& indices, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void add_rms_norm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& weight, float eps, Tensor& y) override;
+  void qk_norm_rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                              float eps, int n_heads, int n_kv_heads, int head_dim, int rot_dims, float theta,
+                              Tensor& k_cache, Tensor& v_cache, int64_t pos0, float scale, int window,
+                              Tensor& out) override;
   void qk_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm, float eps,
                           int n_heads, int n_kv_heads, int head_dim, int rot_dims, float theta, Tensor& k_cache,
                           Tensor& v_cache, int64_t pos0) override;

@@ -51,9 +51,11 @@ struct CudaBackend::Impl {
   int fused_down_rows_per_warp = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_DOWN_ROWS", 1, {1, 2});
   int fused_slot_batch = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_SLOTS", 4, {1, 2, 4, 8});
   // Decode-step fusions (bit 1: rms_norm_linears, 2: linear_residual, 4: rms_norm_router's norm, 8: its top-k in
-  // the same launch); for measuring what each saves. Results do not depend on them.
-  int fusions =
-      cuda_host::knob_from_env("MOECEL_CUDA_FUSIONS", 7, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+  // the same launch, 16: qk_norm_rope_attention in one launch); for measuring what each saves. Results do not
+  // depend on them.
+  int fusions = cuda_host::knob_from_env("MOECEL_CUDA_FUSIONS", 23,
+                                         {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
+                                          16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31});
   bool fused_b_prefetch = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_B_PREFETCH", 1, {0, 1}) == 1;
   // Kernels A and B fed by bulk copies where they apply (MOECEL_CUDA_FUSED_BULK=0: the register-prefetch kernels).
   bool fused_bulk = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_BULK", 1, {0, 1}) == 1;

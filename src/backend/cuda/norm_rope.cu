@@ -8,7 +8,7 @@ namespace {
 constexpr int kThreads = 256;
 // The fused decode kernels run one block per row: 1024 threads keep each thread's chain of dependent loads
 // short (2 per 2048-wide row), which is what their latency is made of.
-constexpr int kRowThreads = 1024;
+constexpr int kRowThreads = kQkNormThreads;
 
 // Preconditions: blockDim.x == kThreads; one block per row. x and y may alias: every element is read by the
 // thread that writes it, and the sum of squares is complete (block_sum barrier) before any write.
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kRowThreads)
 // every head, written back in place (and to the cache row for k). The row and its norm weights are held in registers
 // and shared memory, not re-read from global memory between the steps (each re-read is a memory round trip on the
 // decode step's critical path); the norm weights are loaded before pdl_wait. Element e = threadIdx.x + j * blockDim.
-constexpr int kRowPer = 4;  // elements per thread: rows up to 4096 wide
+constexpr int kRowPer = kQkNormPer;  // elements per thread: rows up to 4096 wide
 
 // Preconditions: blockDim.x == kRowThreads; grid (n_tokens, 2); half > 0; widths <= kRowThreads * kRowPer.
 __global__ void __launch_bounds__(kRowThreads)
@@ -119,14 +119,7 @@ __global__ void __launch_bounds__(kRowThreads)
     if (e >= width) break;
     const int c = int(e % head_dim);
     const int64_t base = e - c;  // the head's first element
-    float out = row[e];
-    if (c < 2 * half) {
-      const int i = c < half ? c : c - half;
-      const float a = row[base + i], b = row[base + i + half];
-      float sn, cs;
-      sincosf(pos * freqs.inv_freq[i], &sn, &cs);
-      out = c < half ? a * cs - b * sn : b * cs + a * sn;
-    }
+    const float out = c < 2 * half ? rope_value(row + base, c, half, pos, freqs) : row[e];
     xr[e] = out;
     if (store) {
       kc[cache_row * width + e] = out;

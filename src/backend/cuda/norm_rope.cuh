@@ -36,4 +36,21 @@ void launch_qk_norm_rope_store(const Ctx& ctx, float* q, float* k, const float* 
                                int n_heads, int n_kv_heads, int head_dim, int half, const RopeFreqs& freqs,
                                int64_t pos0, int64_t capacity, float* k_cache, float* v_cache);
 
+// The full-width q/k norm of launch_qk_norm_rope_store: kQkNormThreads threads per row, element e of the row summed
+// by thread e % kQkNormThreads (kQkNormPer elements each: rows up to 4096 wide), then block_sum. The fused decode
+// attention block (attention.cu) adds its squares in the same order, so both give the same bits.
+constexpr int kQkNormThreads = 1024;
+constexpr int kQkNormPer = 4;
+
+#ifdef __CUDACC__
+// Element c (< 2 * half) of a normalized head after NeoX rotary at position pos: pairs (i, i + half).
+__device__ __forceinline__ float rope_value(const float* head, int c, int half, float pos, const RopeFreqs& f) {
+  const int i = c < half ? c : c - half;
+  const float a = head[i], b = head[i + half];
+  float sn, cs;
+  sincosf(pos * f.inv_freq[i], &sn, &cs);
+  return c < half ? a * cs - b * sn : b * cs + a * sn;
+}
+#endif
+
 }  // namespace moecel::cuda
