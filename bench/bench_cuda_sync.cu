@@ -129,16 +129,11 @@ double code_chain(cudaStream_t st, int sms, int steps, int reps, float* a, float
                                          code_kernel<2, N, UNROLL>, code_kernel<3, N, UNROLL>};
   cudaGraph_t g;
   CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  moecel::cuda::Ctx ctx;
+  ctx.stream = st;
   for (int s = 0; s < steps; ++s) {
     cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(sms);
-    cfg.blockDim = dim3(kThreads);
-    cfg.stream = st;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = moecel::cuda::launch_config(ctx, dim3(sms), dim3(kThreads), 0, attr);
     const float* x = (s & 1) ? b : a;
     float* y = (s & 1) ? a : b;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, ks[s % 4], x, y));
@@ -217,16 +212,12 @@ int main(int argc, char** argv) {
       for (int r = 0; r < reps; ++r) launch();
       CUDA_CHECK(cudaEventRecord(e1, st));
     } else {
+      moecel::cuda::Ctx ctx;
+      ctx.stream = st;
+      ctx.pdl = mode == "pdl";
       for (int s = 0; s < steps; ++s) {
         cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr.val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg{};
-        cfg.gridDim = dim3(sms);
-        cfg.blockDim = dim3(kThreads);
-        cfg.stream = st;
-        cfg.attrs = &attr;
-        cfg.numAttrs = mode == "pdl" ? 1 : 0;
+        const cudaLaunchConfig_t cfg = moecel::cuda::launch_config(ctx, dim3(sms), dim3(kThreads), 0, attr);
         const float* x = (s & 1) ? b : a;
         float* y = (s & 1) ? a : b;
         CUDA_CHECK(cudaLaunchKernelEx(&cfg, step_kernel, x, y, static_cast<const uint4*>(w), step_stride, s, wpt));

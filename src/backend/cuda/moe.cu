@@ -62,18 +62,8 @@ __global__ void router_topk_kernel(const float* logits, int n_experts, int k, bo
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) {  // k <= 64 values: sequential, in the CPU backend's order
-    if (topk_softmax) {
-      const float mx = sel_w[0];
-      float sum = 0.0f;
-      for (int j = 0; j < k; ++j) sum += (sel_w[j] = expf(sel_w[j] - mx));
-      for (int j = 0; j < k; ++j) sel_w[j] /= sum;
-    }
-    if (renormalize) {
-      float sum = 0.0f;
-      for (int j = 0; j < k; ++j) sum += sel_w[j];
-      for (int j = 0; j < k; ++j) sel_w[j] /= sum;
-    }
+  if (threadIdx.x == 0) {
+    warp_router_weights(sel_w, k, topk_softmax, renormalize);
     for (int j = 0; j < k; ++j) {
       indices[t * k + j] = sel_i[j];
       weights[t * k + j] = sel_w[j];

@@ -70,8 +70,8 @@ __device__ __forceinline__ int warp_router_rank_before(float u, int e2, float v,
   return isnan(v) ? (!u_nan || e2 < e) : (!u_nan && (u > v || (u == v && e2 < e)));
 }
 
-// The k selected scores (by rank) become the routing weights, by one thread: k <= 32 values, sequential, in the
-// CPU backend's order.
+// The k selected scores (by rank) become the routing weights, by one thread: k values, sequential, in the CPU
+// backend's order.
 __device__ __forceinline__ void warp_router_weights(float* ws, int k, bool topk_softmax, bool renormalize) {
   if (topk_softmax) {
     const float mx = ws[0];
