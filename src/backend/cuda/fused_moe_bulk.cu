@@ -174,20 +174,26 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_kernel(FusedMoeArgs 
   // The copies go out before the wait for kernel A: the indices come from the kernel before it, which had finished
   // when kernel A passed its wait and let this kernel start (read through L2).
   __shared__ int32_t experts[kMaxSlots];
+  __shared__ float slot_weights[kMaxSlots];
   if (threadIdx.x < a.k) {  // lane sl issues slot sl's copies: the index loads are in flight together
     const int sl = threadIdx.x;
     const int32_t e = __ldcg(a.indices + sl);
+    slot_weights[sl] = __ldcg(a.weights + sl);  // written with the indices
     experts[sl] = e;
     const bool ok = valid_expert(e, a.down.n_stack);
     mbar_arrive_expect(&bars[sl], ok ? unsigned(n_rows * (row_bytes + 2 * srow)) : 0u);
     if (ok) issue_rows(a.down, int64_t(e) * hidden + r0, n_rows, tile(sl), &bars[sl]);
   }
+  // The residual row too: the residual stream was last written before the router ran. Loaded at the end (with the
+  // routing weights) they were two more round trips on the critical path; with the act staged in one round trip
+  // below, OLMoE tg128 went 1,296 -> 1,350 tok/s (H200; timeline in docs/benchmarks.md).
+  const int64_t row = r0 + warp;
+  const float res = a.residual && lane == 0 && row < hidden ? __ldcg(a.residual + row) : 0.0f;
   pdl_enter();
-  stage_chunks(a.act, a.k * ffn, xs);
+  stage_chunks<8>(a.act, a.k * ffn, xs);  // all of an OLMoE block's act loads in one round trip
   __syncthreads();
   stage_xsums(xs, a.k * n_chunks);
   __syncthreads();
-  const int64_t row = r0 + warp;
   if (row >= hidden) return;
   const int gshift = __ffs(a.down.group_size / kChunk) - 1;
   const int lr = min(warp, n_rows - 1);
@@ -224,11 +230,11 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_kernel(FusedMoeArgs 
         if (lane == 0 && row == 0) raise_device_error(err, kErrExpertIndex);
         out = __int_as_float(0x7fc00000);
       } else {
-        out = fmaf(a.weights[sl], acc[i], out);  // the gather path's weighted sum, same order
+        out = fmaf(slot_weights[sl], acc[i], out);  // the gather path's weighted sum, same order
       }
     }
   }
-  if (lane == 0) a.out[row] = a.residual ? a.residual[row] + out : out;
+  if (lane == 0) a.out[row] = a.residual ? res + out : out;
 }
 
 // Whether a matrix's rows can be bulk-copied: 4 or 8 bits (packed rows a multiple of 16 bytes) and rows of scales

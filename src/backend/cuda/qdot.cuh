@@ -91,13 +91,15 @@ constexpr int kChunkPad = 36;
 
 // Stages x (in floats, in % 32 == 0) into xs in the padded chunk layout (chunk c at xs + c * kChunkPad); every
 // thread of the block takes part (blockDim.x a multiple of 32). With float4 loads, each thread's
-// loads are all issued before its stores: a plain loop would be a chain of dependent global-load latencies.
+// loads are all issued before its stores: a plain loop would be a chain of dependent global-load latencies. UNROLL
+// float4 loads per thread are in flight at once (one round trip for UNROLL * 4 * blockDim.x floats).
+template <int UNROLL = 4>
 __device__ __forceinline__ void stage_chunks(const float* x, int64_t in, float* xs) {
   if ((reinterpret_cast<uintptr_t>(x) & 15) != 0) {
     for (int64_t i = threadIdx.x; i < in; i += int64_t(blockDim.x)) xs[(i / kChunk) * kChunkPad + i % kChunk] = x[i];
     return;
   }
-  constexpr int kUnroll = 4;
+  constexpr int kUnroll = UNROLL;
   const int64_t n4 = in / 4;
   const float4* x4 = reinterpret_cast<const float4*>(x);
   for (int64_t base = threadIdx.x; base < n4; base += int64_t(int64_t(blockDim.x)) * kUnroll) {
