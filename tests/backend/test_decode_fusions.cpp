@@ -189,13 +189,14 @@ TEST_F(CudaOps, FusedMoeAddMatchesFusedMoeThenAdd) {
     cu().fused_moe(dw.gate, dw.up, dw.down, Activation::kSiLU, x, idx, wts, out);
     cu().add(cu().to_device(res), out, sum);
     EXPECT_EQ(down(acc), down(sum)) << "bits " << bits;
-    // The gather path through SwitchGLU::forward_add gives the same bits.
+    // The gather path through SwitchGLU::forward_add: the same sums to f32 rounding (kernel A multiplies on tensor
+    // cores; test_fused_moe_cuda.cpp checks the bits with it on CUDA cores).
     const SwitchGLU glu(dw, Activation::kSiLU);
     Tensor gathered = cu().alloc(DType::kF32, {1, kHidden});
     cu().from_host(res.data, gathered);
     const Tensor moe = glu.forward_gather(cu(), x, idx, wts);
     cu().add(gathered, moe, gathered);
-    EXPECT_EQ(down(acc), down(gathered)) << "bits " << bits << ": fused + residual vs gather + add";
+    EXPECT_LE(nmse(down(acc), down(gathered)), kMatmul) << "bits " << bits << ": fused + residual vs gather + add";
   }
 }
 

@@ -1,7 +1,8 @@
 // The fused decode-MoE path on the CUDA backend: against an all-f32 reference from MLX's dequantization
-// (normalized RMS <= 5e-4), against the CUDA gather path (bit-identical: same per-row arithmetic), bitwise
-// reruns, launch widths (rows per warp) and kernel variants (kernel B without early weight loads, PDL off, the
-// register-prefetch kernels instead of the bulk-copy ones), NaN-free
+// (normalized RMS <= 5e-4), against the CUDA gather path (within f32 rounding with the tensor-core kernel A, the
+// default; bit-identical with kernel A on CUDA cores: same per-row arithmetic), bitwise reruns, launch widths (rows
+// per warp) and kernel variants (kernel B without early weight loads, PDL off, the register-prefetch kernels instead
+// of the bulk-copy ones), NaN-free
 // output, bad expert indices, and the dispatch counts of decode steps replayed from a CUDA graph. Skips with "no CUDA
 // device" without a GPU.
 #include <gtest/gtest.h>
@@ -67,15 +68,21 @@ TEST_P(FusedMoeCuda, MatchesReferenceGatherAndIsDeterministic) {
   const Problem p = test::make_moe_problem(c, 11 + c.gate_bits * 10 + c.down_bits + c.group_size + c.hidden);
   const std::vector<float> fused = run_cuda(p, c.act, true);
   for (float v : fused) ASSERT_TRUE(std::isfinite(v));
-  EXPECT_LE(test::normalized_rms(fused, test::moe_reference(p, c.act)), 5e-4);
-  EXPECT_EQ(fused, run_cuda(p, c.act, false)) << "fused and gather paths differ";
+  const std::vector<float> ref = test::moe_reference(p, c.act), gather = run_cuda(p, c.act, false);
+  EXPECT_LE(test::normalized_rms(fused, ref), 5e-4);
   EXPECT_EQ(fused, run_cuda(p, c.act, true)) << "rerun differs";
-  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=1")) << "1 row per warp differs";
-  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=4")) << "4 rows per warp differs";
-  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=0")) << "the pipelined kernel A differs";
-  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_B_PREFETCH=0")) << "kernel B without prefetch differs";
   EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_PDL=0")) << "without programmatic dependent launch";
-  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_BULK=0")) << "the register-prefetch kernels differ";
+  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_B_PREFETCH=0")) << "kernel B without prefetch differs";
+  // The default kernel A multiplies on tensor cores (where it applies): the same products in another order of f32
+  // additions, so it agrees with the gather path to f32 rounding, not bit for bit.
+  EXPECT_LE(test::normalized_rms(fused, gather), 1e-5) << "fused and gather paths differ beyond f32 rounding";
+  // Kernel A on CUDA cores, in every launch width and variant, is the gather path bit for bit.
+  const std::vector<float> cores = run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=0");
+  EXPECT_EQ(cores, gather) << "fused (CUDA-core kernel A) and gather paths differ";
+  EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=1")) << "1 row per warp differs";
+  EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=4")) << "4 rows per warp differs";
+  EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=0")) << "the pipelined kernel A differs";
+  EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_BULK=0")) << "the register-prefetch kernels differ";
   // With the tensor-core matrix-vector kernels (opt-in), both paths run them, and still agree bit for bit.
   const std::vector<float> mma = run_cuda(p, c.act, true, "MOECEL_CUDA_DECODE_MMA=1");
   for (float v : mma) ASSERT_TRUE(std::isfinite(v));

@@ -87,6 +87,7 @@ __global__ void __launch_bounds__(kRankThreads)
 // Preconditions: grid-stride over n_tokens * hidden elements.
 __global__ void moe_weighted_sum_kernel(const float* y, const float* weights, int64_t n_tokens, int64_t k,
                                         int64_t hidden, float* out) {
+  pdl_enter();
   const int64_t n = n_tokens * hidden;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / hidden, d = i % hidden;
@@ -98,6 +99,7 @@ __global__ void moe_weighted_sum_kernel(const float* y, const float* weights, in
 
 template <GluAct kAct>
 __global__ void glu_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  pdl_enter();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = glu_value<kAct>(gate[i], up[i]);
   }
@@ -135,20 +137,18 @@ void launch_moe_weighted_sum(const Ctx& ctx, const float* y, const float* weight
                              int64_t hidden, float* out) {
   const int64_t n = n_tokens * hidden;
   if (n == 0) return;
-  moe_weighted_sum_kernel<<<elementwise_blocks(ctx, n, 256), 256, 0, ctx.stream>>>(y, weights, n_tokens, k, hidden,
-                                                                                   out);
-  CUDA_CHECK_LAUNCH();
+  // Launched with PDL like the decode kernels around it (the gather path's decode step).
+  launch_k(ctx, moe_weighted_sum_kernel, elementwise_blocks(ctx, n, 256), 256, 0, y, weights, n_tokens, k, hidden, out);
 }
 
 void launch_glu(const Ctx& ctx, GluAct act, const float* gate, const float* up, int64_t n, float* out) {
   if (n == 0) return;
   const unsigned blocks = elementwise_blocks(ctx, n, 256);
   switch (act) {
-    case GluAct::kSiLU: glu_kernel<GluAct::kSiLU><<<blocks, 256, 0, ctx.stream>>>(gate, up, n, out); break;
-    case GluAct::kGeLU: glu_kernel<GluAct::kGeLU><<<blocks, 256, 0, ctx.stream>>>(gate, up, n, out); break;
-    case GluAct::kReLU2: glu_kernel<GluAct::kReLU2><<<blocks, 256, 0, ctx.stream>>>(gate, up, n, out); break;
+    case GluAct::kSiLU: launch_k(ctx, glu_kernel<GluAct::kSiLU>, blocks, 256, 0, gate, up, n, out); break;
+    case GluAct::kGeLU: launch_k(ctx, glu_kernel<GluAct::kGeLU>, blocks, 256, 0, gate, up, n, out); break;
+    case GluAct::kReLU2: launch_k(ctx, glu_kernel<GluAct::kReLU2>, blocks, 256, 0, gate, up, n, out); break;
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace moecel::cuda
