@@ -42,6 +42,12 @@ void Backend::gather_glu(const LinearWeight& gate, const LinearWeight& up, Activ
   glu(act, out, u, out);
 }
 
+void Backend::moe_weighted_sum_add(const Tensor& y, const Tensor& weights, Tensor& residual) {
+  Tensor out = scratch(DType::kF32, residual.shape);
+  moe_weighted_sum(y, weights, out);
+  add(residual, out, residual);
+}
+
 void Backend::fused_moe(const LinearWeight&, const LinearWeight&, const LinearWeight&, Activation, const Tensor&,
                         const Tensor&, const Tensor&, Tensor&) {
   fail("backend '{}' has no fused decode-MoE path", name());

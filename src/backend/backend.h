@@ -95,6 +95,8 @@ class Backend {
                            Tensor& weights) = 0;
   // y (n_tokens, k, hidden), weights (n_tokens, k) -> out (n_tokens, hidden) = sum_j weights[t, j] * y[t, j]
   virtual void moe_weighted_sum(const Tensor& y, const Tensor& weights, Tensor& out) = 0;
+  // residual (n_tokens, hidden) += moe_weighted_sum(y, weights), rounded exactly as moe_weighted_sum then add.
+  virtual void moe_weighted_sum_add(const Tensor& y, const Tensor& weights, Tensor& residual);
   // logits (n_tokens, vocab) -> the argmax of each row (lowest index on ties)
   virtual std::vector<int32_t> argmax(const Tensor& logits) = 0;
   // ---- fused entry points: the same results as the ops they name, in sequence (defaults do exactly that) ----

@@ -43,8 +43,7 @@ void SwitchGLU::forward_add(Backend& be, const Tensor& x, const Tensor& indices,
     be.fused_moe_add(w_.gate, w_.up, w_.down, act_, x, indices, weights, residual);
     return;
   }
-  const Tensor moe = forward_gather(be, x, indices, weights);
-  be.add(residual, moe, residual);
+  be.moe_weighted_sum_add(gather_products(be, x, indices), weights, residual);
 }
 
 Tensor SwitchGLU::forward_fused(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights) const {
@@ -56,15 +55,19 @@ Tensor SwitchGLU::forward_fused(Backend& be, const Tensor& x, const Tensor& indi
 }
 
 // Every output below is fully written by its op, hence scratch (no memset).
-Tensor SwitchGLU::forward_gather(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights) const {
+Tensor SwitchGLU::gather_products(Backend& be, const Tensor& x, const Tensor& indices) const {
   const int64_t n = indices.dim(0), k = indices.dim(1);
   const int64_t ffn = ffn_size(), hidden = hidden_size();
   Tensor act = be.scratch(DType::kF32, {n, k, ffn});
   be.gather_glu(w_.gate, w_.up, act_, x, indices, act);
   Tensor y = be.scratch(DType::kF32, {n, k, hidden});
   be.gather_linear(w_.down, act, indices, y);
-  Tensor out = be.scratch(DType::kF32, {n, hidden});
-  be.moe_weighted_sum(y, weights, out);
+  return y;
+}
+
+Tensor SwitchGLU::forward_gather(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights) const {
+  Tensor out = be.scratch(DType::kF32, {indices.dim(0), hidden_size()});
+  be.moe_weighted_sum(gather_products(be, x, indices), weights, out);
   return out;
 }
 

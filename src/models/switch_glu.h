@@ -38,6 +38,8 @@ class SwitchGLU {
   bool fused_eligible(const Backend& be) const;
 
  private:
+  // The gather path's per (token, expert) products: y (n_tokens, k, hidden_size), before the weighted sum.
+  Tensor gather_products(Backend& be, const Tensor& x, const Tensor& indices) const;
   SwitchWeights w_;
   Activation act_ = Activation::kSiLU;
 };

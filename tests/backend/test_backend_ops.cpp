@@ -497,6 +497,12 @@ TEST_F(CudaOps, MoeWeightedSum) {
     Tensor got = cu().alloc(DType::kF32, {n, kHidden});
     cu().moe_weighted_sum(cu().to_device(y), cu().to_device(w), got);
     EXPECT_LE(nmse(down(got), down(ref)), kElementwise) << "n " << n;
+    // Into the residual stream: bit for bit the weighted sum, then add.
+    Tensor res = host_random(DType::kF32, {n, kHidden}, rng, -4.0f, 4.0f);
+    Tensor acc = cu().to_device(res), sum = cu().alloc(DType::kF32, {n, kHidden});
+    cu().moe_weighted_sum_add(cu().to_device(y), cu().to_device(w), acc);
+    cu().add(cu().to_device(res), got, sum);
+    EXPECT_EQ(down(acc), down(sum)) << "n " << n;
   }
 }
 

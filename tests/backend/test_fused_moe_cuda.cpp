@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -40,13 +41,18 @@ class FusedMoeCuda : public ::testing::TestWithParam<Case> {
   }
 };
 
-// Runs one path on a fresh CUDA backend, created with the environment setting `env` ("NAME=VALUE", "" = none).
+// Runs one path on a fresh CUDA backend, created with the environment settings `env` ("NAME=VALUE NAME=VALUE ...",
+// "" = none).
 std::vector<float> run_cuda(const Problem& p, Activation act, bool fused, const std::string& env = "") {
-  const size_t eq = env.find('=');
-  const std::string name = eq == std::string::npos ? "" : env.substr(0, eq);
-  if (!name.empty()) setenv(name.c_str(), env.substr(eq + 1).c_str(), 1);
+  std::vector<std::string> names;
+  std::istringstream settings(env);
+  for (std::string kv; settings >> kv;) {
+    const size_t eq = kv.find('=');
+    names.push_back(kv.substr(0, eq));
+    setenv(names.back().c_str(), kv.substr(eq + 1).c_str(), 1);
+  }
   CudaBackend be;
-  if (!name.empty()) unsetenv(name.c_str());
+  for (const std::string& name : names) unsetenv(name.c_str());
   SwitchWeights dw{be.to_device(p.w.gate), be.to_device(p.w.up), be.to_device(p.w.down)};
   const int64_t hidden = p.w.gate.in, k = int64_t(p.idx.size());
   Tensor x = be.alloc(DType::kF32, {1, hidden}), idx = be.alloc(DType::kI32, {1, k});
@@ -72,17 +78,21 @@ TEST_P(FusedMoeCuda, MatchesReferenceGatherAndIsDeterministic) {
   EXPECT_LE(test::normalized_rms(fused, ref), 5e-4);
   EXPECT_EQ(fused, run_cuda(p, c.act, true)) << "rerun differs";
   EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_PDL=0")) << "without programmatic dependent launch";
-  EXPECT_EQ(fused, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_B_PREFETCH=0")) << "kernel B without prefetch differs";
-  // The default kernel A multiplies on tensor cores (where it applies): the same products in another order of f32
-  // additions, so it agrees with the gather path to f32 rounding, not bit for bit.
+  // The default kernels A and B multiply on tensor cores (where they apply): the same products in another order of f32
+  // additions, so they agree with the gather path to f32 rounding, not bit for bit.
   EXPECT_LE(test::normalized_rms(fused, gather), 1e-5) << "fused and gather paths differ beyond f32 rounding";
-  // Kernel A on CUDA cores, in every launch width and variant, is the gather path bit for bit.
+  // Kernels A and B on CUDA cores, in every launch width and variant, are the gather path bit for bit.
   const std::vector<float> cores = run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=0");
   EXPECT_EQ(cores, gather) << "fused (CUDA-core kernel A) and gather paths differ";
-  EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=1")) << "1 row per warp differs";
-  EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=4")) << "4 rows per warp differs";
-  EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_ROWS=0")) << "the pipelined kernel A differs";
+  EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=0 MOECEL_CUDA_FUSED_ROWS=1"))
+      << "1 row per warp differs";
+  EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=0 MOECEL_CUDA_FUSED_ROWS=4"))
+      << "4 rows per warp differs";
+  EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=0 MOECEL_CUDA_FUSED_ROWS=0"))
+      << "the pipelined kernel A differs";
   EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_BULK=0")) << "the register-prefetch kernels differ";
+  EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=0 MOECEL_CUDA_FUSED_B_PREFETCH=0"))
+      << "kernel B without prefetch differs";
   // With the tensor-core matrix-vector kernels (opt-in), both paths run them, and still agree bit for bit.
   const std::vector<float> mma = run_cuda(p, c.act, true, "MOECEL_CUDA_DECODE_MMA=1");
   for (float v : mma) ASSERT_TRUE(std::isfinite(v));

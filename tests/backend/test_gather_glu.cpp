@@ -1,5 +1,6 @@
-// CudaBackend::gather_glu (gate and up in one tensor-core launch, the activation in its epilogue) against the ops it
-// replaces on the same device (bit for bit) and against the CPU oracle; its fallbacks and bad expert indices.
+// CudaBackend::gather_glu (gate and up in one tensor-core launch with the activation in its epilogue; at decode token
+// counts, gate and up in one matrix-vector launch, then the activation) against the ops it replaces on the same
+// device (bit for bit) and against the CPU oracle; its fallbacks and bad expert indices.
 #include "backend_ops_common.h"
 
 namespace moecel {
@@ -54,6 +55,10 @@ TEST_F(CudaOps, GatherGluMatchesTheOpsItReplaces) {
   Rng rng(301);
   // OLMoE's expert shapes at 512 tokens (the fused launch), then every format, activation and partial tiles.
   check_case(*this, {4, 64, DType::kF16, kExperts, kFfn, kHidden, kTopK, 512, Activation::kSiLU}, rng);
+  // Decode: one token (and a few), OLMoE's shapes and an odd one.
+  for (int64_t n : {1, 4})
+    check_case(*this, {4, 64, DType::kF16, kExperts, kFfn, kHidden, kTopK, n, Activation::kSiLU}, rng);
+  check_case(*this, {8, 32, DType::kF32, 5, 200, 96, 3, 1, Activation::kGeLU}, rng);
   for (int bits : {4, 8}) {
     for (int gs : {32, 64, 128}) {
       for (Activation act : {Activation::kSiLU, Activation::kGeLU, Activation::kReLU2}) {

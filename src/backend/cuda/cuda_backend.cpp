@@ -407,6 +407,15 @@ void CudaBackend::gather_glu(const LinearWeight& gate, const LinearWeight& up, A
     check_rows(x, n, gate.in, gate.name.c_str());
     check_rows(out, n * k, gate.out, gate.name.c_str());
     check_no_overlap(x, out, "gather_glu");
+    if (n <= cuda::kGemvMaxTokens) {  // decode: gate and up in one matrix-vector launch, then the activation
+      Tensor u_out = scratch(DType::kF32, out.shape);
+      const cuda::WeightView ws[] = {g, u};
+      float* ys[] = {out.ptr<float>(), u_out.ptr<float>()};
+      if (cuda::launch_gather_gemv_parts(impl_->ctx, ws, ys, x.ptr<float>(), indices.ptr<int32_t>(), n, k)) {
+        cuda::launch_glu(impl_->ctx, glu_act(act), out.ptr<float>(), u_out.ptr<float>(), out.numel(), out.ptr<float>());
+        return;
+      }
+    }
     const std::shared_ptr<void> scratch = impl_->scratch(cuda::gather_scratch_bytes(g, n, k));  // see gather_linear
     if (cuda::launch_gather_glu(impl_->ctx, g, u, glu_act(act), x.ptr<float>(), indices.ptr<int32_t>(), n, k,
                                 out.ptr<float>(), scratch.get())) {
@@ -579,7 +588,10 @@ void CudaBackend::router_topk(const Tensor& logits, RouterScoring scoring, int k
                            weights.ptr<float>());
 }
 
-void CudaBackend::moe_weighted_sum(const Tensor& y, const Tensor& weights, Tensor& out) {
+namespace {
+
+// moe_weighted_sum, and moe_weighted_sum_add when add is set (then out is the residual, updated in place).
+void weighted_sum(const cuda::Ctx& ctx, const Tensor& y, const Tensor& weights, Tensor& out, bool add) {
   check_f32(y, "moe_weighted_sum input");
   check_f32(weights, "moe_weighted_sum weights");
   check_f32(out, "moe_weighted_sum output");
@@ -591,7 +603,17 @@ void CudaBackend::moe_weighted_sum(const Tensor& y, const Tensor& weights, Tenso
   check_rows(out, n, h, "moe_weighted_sum output");
   check_rows(y, n * k, h, "moe_weighted_sum input");
   check_no_overlap(y, out, "moe_weighted_sum");
-  cuda::launch_moe_weighted_sum(impl_->ctx, y.ptr<float>(), weights.ptr<float>(), n, k, h, out.ptr<float>());
+  cuda::launch_moe_weighted_sum(ctx, y.ptr<float>(), weights.ptr<float>(), n, k, h, add, out.ptr<float>());
+}
+
+}  // namespace
+
+void CudaBackend::moe_weighted_sum(const Tensor& y, const Tensor& weights, Tensor& out) {
+  weighted_sum(impl_->ctx, y, weights, out, false);
+}
+
+void CudaBackend::moe_weighted_sum_add(const Tensor& y, const Tensor& weights, Tensor& residual) {
+  weighted_sum(impl_->ctx, y, weights, residual, true);
 }
 
 }  // namespace moecel

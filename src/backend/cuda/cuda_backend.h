@@ -56,6 +56,7 @@ class CudaBackend final : public Backend {
   void router_topk(const Tensor& logits, RouterScoring scoring, int k, bool renormalize, Tensor& indices,
                    Tensor& weights) override;
   void moe_weighted_sum(const Tensor& y, const Tensor& weights, Tensor& out) override;
+  void moe_weighted_sum_add(const Tensor& y, const Tensor& weights, Tensor& residual) override;
   std::vector<int32_t> argmax(const Tensor& logits) override;
   // DESIGN.md's default cap: larger experts already fill the GPU on the gather path.
   int64_t fused_moe_default_max_dff() const override { return 8192; }

@@ -58,7 +58,7 @@ void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& g
   a.max_slot_batch = im.fused_slot_batch;
   a.b_prefetch = im.fused_b_prefetch;
   a.bulk = im.fused_bulk;
-  a.mma_a = im.fused_mma_a;
+  a.mma = im.fused_mma;
   cuda::launch_fused_moe(im.ctx, a);
 }
 

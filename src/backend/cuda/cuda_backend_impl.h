@@ -59,8 +59,9 @@ struct CudaBackend::Impl {
   bool fused_b_prefetch = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_B_PREFETCH", 1, {0, 1}) == 1;
   // Kernels A and B fed by bulk copies where they apply (MOECEL_CUDA_FUSED_BULK=0: the register-prefetch kernels).
   bool fused_bulk = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_BULK", 1, {0, 1}) == 1;
-  // The bulk kernel A's products on tensor cores (MOECEL_CUDA_FUSED_MMA=0: on CUDA cores, bit for bit the gather path).
-  bool fused_mma_a = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_MMA", 1, {0, 1}) == 1;
+  // The bulk kernels A and B multiply on tensor cores (MOECEL_CUDA_FUSED_MMA=0: CUDA cores, bit for bit the gather
+  // path).
+  bool fused_mma = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_MMA", 1, {0, 1}) == 1;
   std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();
   unsigned* flag_host = nullptr;    // mapped pinned word the kernels raise DeviceError bits in
   int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)

@@ -29,9 +29,9 @@ struct FusedMoeArgs {
   int max_slot_batch = 4;      // kernel B: most slots staged and loaded together (8, 4, 2 or 1)
   bool b_prefetch = true;      // kernel B loads its first weights before waiting for kernel A
   bool bulk = true;            // kernels A and B fed by bulk copies where they apply (fused_moe_bulk.cu)
-  // The bulk kernel A's products on tensor cores (two rows per warp only): results within f32 rounding of the CUDA-core
-  // kernels, no longer bit for bit those of the gather path.
-  bool mma_a = true;
+  // The bulk kernels A (two rows per warp only) and B multiply on tensor cores: results within f32 rounding of the
+  // CUDA-core kernels, no longer bit for bit those of the gather path.
+  bool mma = true;
 };
 
 // Launches kernels A and B. Preconditions (checked): gate/up bits equal and in {4, 8}; down bits in {4, 6, 8};

@@ -86,14 +86,14 @@ __global__ void __launch_bounds__(kRankThreads)
 
 // Preconditions: grid-stride over n_tokens * hidden elements.
 __global__ void moe_weighted_sum_kernel(const float* y, const float* weights, int64_t n_tokens, int64_t k,
-                                        int64_t hidden, float* out) {
+                                        int64_t hidden, bool add, float* out) {
   pdl_enter();
   const int64_t n = n_tokens * hidden;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / hidden, d = i % hidden;
     float acc = 0.0f;
     for (int64_t j = 0; j < k; ++j) acc = fmaf(weights[t * k + j], y[(t * k + j) * hidden + d], acc);
-    out[i] = acc;
+    out[i] = add ? out[i] + acc : acc;  // add_kernel's residual + moe
   }
 }
 
@@ -134,11 +134,12 @@ void launch_router_topk(const Ctx& ctx, const float* logits, int64_t n_tokens, i
 }
 
 void launch_moe_weighted_sum(const Ctx& ctx, const float* y, const float* weights, int64_t n_tokens, int64_t k,
-                             int64_t hidden, float* out) {
+                             int64_t hidden, bool add, float* out) {
   const int64_t n = n_tokens * hidden;
   if (n == 0) return;
   // Launched with PDL like the decode kernels around it (the gather path's decode step).
-  launch_k(ctx, moe_weighted_sum_kernel, elementwise_blocks(ctx, n, 256), 256, 0, y, weights, n_tokens, k, hidden, out);
+  launch_k(ctx, moe_weighted_sum_kernel, elementwise_blocks(ctx, n, 256), 256, 0, y, weights, n_tokens, k, hidden, add,
+           out);
 }
 
 void launch_glu(const Ctx& ctx, GluAct act, const float* gate, const float* up, int64_t n, float* out) {

@@ -17,9 +17,10 @@ constexpr int kWarpRouterExperts = 256;  // the block top-k (block_router_topk) 
 void launch_router_topk(const Ctx& ctx, const float* logits, int64_t n_tokens, int n_experts, int k, bool topk_softmax,
                         bool renormalize, int32_t* indices, float* weights);
 
-// y (n_tokens, k, hidden), weights (n_tokens, k) -> out (n_tokens, hidden) = sum_j weights[t, j] * y[t, j].
+// y (n_tokens, k, hidden), weights (n_tokens, k) -> out (n_tokens, hidden) = sum_j weights[t, j] * y[t, j]; with
+// add, out += that sum instead (one rounding of the sum, then the add).
 void launch_moe_weighted_sum(const Ctx& ctx, const float* y, const float* weights, int64_t n_tokens, int64_t k,
-                             int64_t hidden, float* out);
+                             int64_t hidden, bool add, float* out);
 
 // out = act(gate) * up over n elements (out may alias either input). act: 0 SiLU, 1 GeLU (tanh), 2 ReLU^2.
 enum class GluAct : int { kSiLU = 0, kGeLU = 1, kReLU2 = 2 };

@@ -285,6 +285,23 @@ bool launch_gemv(const Ctx& ctx, const WeightView& w, const float* x, const Pair
   return launch_gemv_args(ctx, a, n_pairs);
 }
 
+bool launch_gather_gemv_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys,
+                              const float* x, const int32_t* indices, int64_t n_tokens, int64_t k) {
+  CUDA_REQUIRE(!ws.empty() && ws.size() <= size_t(kMaxGemvParts) && ys.size() == ws.size(),
+               "gemv: 1 to 3 weights, one output each");
+  if (n_tokens * k == 0) return true;
+  GemvArgs a{};
+  a.n_parts = int(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i) {
+    a.w[i] = ws[i];
+    a.y[i] = ys[i];
+  }
+  a.x = x;
+  a.map = PairMap{indices, k, false};
+  a.err = ctx.error_flag;
+  return launch_gemv_args(ctx, a, n_tokens * k);
+}
+
 bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
                        int64_t n_tokens, const GemvFusion& f) {
   CUDA_REQUIRE(!ws.empty() && ws.size() <= size_t(kMaxGemvParts) && ys.size() == ws.size(),

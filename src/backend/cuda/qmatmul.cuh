@@ -107,6 +107,11 @@ struct PairMap {
 };
 // Returns false (launching nothing) when x does not fit in shared memory; the caller then uses the tiled path.
 bool launch_gemv(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs, float* y);
+// The gather products of several weights sharing in, bits, group size and scale type (a SwitchGLU's gate and up) on
+// one token's x rows in one launch: ys[i] (n_tokens * k, ws[i].out) as launch_gemv gives each (the same bits).
+// Returns false (launching nothing) when x does not fit in shared memory.
+bool launch_gather_gemv_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys,
+                              const float* x, const int32_t* indices, int64_t n_tokens, int64_t k);
 
 // Work list of the tiled kernel: tile i covers pairs order[start[i] .. start[i] + count[i]) of expert
 // expert[i]; *n_tiles says how many entries are valid (written on the device by the routing kernel).

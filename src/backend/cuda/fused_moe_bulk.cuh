@@ -1,0 +1,100 @@
+// Internal to the fused decode-MoE kernels fed by bulk copies (fused_moe_bulk.cu: CUDA cores; fused_moe_bulk_mma.cu:
+// tensor cores): the block shape, the shared-memory tiles of weight rows and the copies that fill them.
+#pragma once
+#include <cstdint>
+
+#include "backend/cuda/bulk_copy.cuh"
+#include "backend/cuda/fused_moe.cuh"
+#include "backend/cuda/qdot.cuh"
+
+namespace moecel::cuda::bulk {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxSlots = 16;  // kernel B: one barrier per selected expert
+constexpr size_t kBarBytes = 128;
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+
+// Bytes of one row of packed weights for `in` values, and of its scales (or biases).
+__host__ __device__ constexpr int64_t packed_row_bytes(int64_t in, int bits) {
+  return in / kChunk * bits * 4;
+}
+
+template <typename ST>
+__host__ __device__ constexpr int64_t scale_row_bytes(int64_t in, int64_t group_size) {
+  return in / group_size * int64_t(sizeof(ST));
+}
+
+// Shared memory of one matrix's rows in a block: packed rows, then their scales, then their biases.
+template <int BITS, typename ST>
+struct RowTile {
+  unsigned char* base;
+  int64_t row_bytes, srow_bytes;
+  int n_rows;
+  // The BITS packed words of chunk c of row r (16-byte aligned: BITS is 4 or 8).
+  __device__ void load(int r, int64_t c, uint32_t (&wd)[BITS]) const {
+    const uint4* p = reinterpret_cast<const uint4*>(reinterpret_cast<const uint32_t*>(base + r * row_bytes) + c * BITS);
+#pragma unroll
+    for (int v = 0; v < BITS / 4; ++v) {
+      const uint4 q = p[v];
+      wd[4 * v] = q.x;
+      wd[4 * v + 1] = q.y;
+      wd[4 * v + 2] = q.z;
+      wd[4 * v + 3] = q.w;
+    }
+  }
+  __device__ float scale(int r, int64_t g) const {
+    return to_f32(reinterpret_cast<const ST*>(base + n_rows * row_bytes + r * srow_bytes)[g]);
+  }
+  __device__ float bias(int r, int64_t g) const {
+    return to_f32(reinterpret_cast<const ST*>(base + n_rows * (row_bytes + srow_bytes) + r * srow_bytes)[g]);
+  }
+  static __host__ __device__ int64_t bytes(int n_rows, int64_t row_bytes, int64_t srow_bytes) {
+    return (n_rows * (row_bytes + 2 * srow_bytes) + 15) / 16 * 16;
+  }
+};
+
+// Lane 0 of a warp issues the copies of rows [row, row + n) of w into `tile`, completing on `bar`: the rows are
+// contiguous, so three copies (packed rows, scales, biases) move them all; a copy per row or per row segment
+// measured slower (the copy unit's per-instruction cost, not the bytes, bounded it).
+template <int BITS, typename ST>
+__device__ void issue_rows(const WeightView& w, int64_t row, int n, const RowTile<BITS, ST>& tile, uint64_t* bar) {
+  bulk_copy(tile.base, static_cast<const unsigned char*>(w.w) + row * tile.row_bytes, unsigned(n * tile.row_bytes),
+            bar);
+  const unsigned sb = unsigned(n * tile.srow_bytes);
+  bulk_copy(tile.base + n * tile.row_bytes, static_cast<const unsigned char*>(w.scales) + row * tile.srow_bytes, sb,
+            bar);
+  bulk_copy(tile.base + n * (tile.row_bytes + tile.srow_bytes),
+            static_cast<const unsigned char*>(w.biases) + row * tile.srow_bytes, sb, bar);
+}
+
+// Whether a matrix's rows can be bulk-copied: 4 or 8 bits (packed rows a multiple of 16 bytes) and rows of scales
+// a multiple of 16 bytes, 16-byte aligned (so every row's scales and biases start aligned).
+inline bool bulk_rows_ok(const WeightView& w) {
+  const int64_t ssize = w.stype == FloatType::kF32 ? 4 : 2;
+  return (w.bits == 4 || w.bits == 8) && (w.in / w.group_size) * ssize % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(w.biases) % 16 == 0;
+}
+
+inline int64_t scale_row_bytes_of(const WeightView& w) {
+  return (w.in / w.group_size) * (w.stype == FloatType::kF32 ? 4 : 2);
+}
+
+inline size_t staged_floats_bytes(int64_t n) {
+  return size_t(n / kChunk) * kChunkPad * sizeof(float);
+}
+
+template <class Kernel>
+void launch_bulk(const Ctx& ctx, Kernel kernel, dim3 grid, size_t smem, const FusedMoeArgs& a) {
+  launch_k(ctx, kernel, grid, kThreads, smem, a, ctx.error_flag);
+}
+
+// The tensor-core kernels A and B (fused_moe_bulk_mma.cu) where they apply (4-/8-bit weights, group size 32, 64 or
+// 128, 16-row tiles); false, launching nothing, otherwise.
+bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a);
+bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a);
+
+}  // namespace moecel::cuda::bulk

@@ -1,0 +1,298 @@
+// The fused decode-MoE kernels A and B on tensor cores, fed by bulk copies like fused_moe_bulk.cu's (FusedMoeArgs::mma,
+// MOECEL_CUDA_FUSED_MMA): each 16-row tile of weights is one m16n8k16 A operand and the vector (x, or the k act rows)
+// the B operand in three bf16 terms (gemv_mma.cuh: centered codes, exact products, each group's MMAs folded with f32
+// fmas). The CUDA-core loops spent ~3.5 instructions per weight and were issue-bound (kernel A) or latency-bound
+// (kernel B) once their rows had landed; here unpacking costs ~1.5 per weight per lane group and the MMAs do the
+// multiply-adds. Results agree with the CUDA-core kernels (and the gather path) to f32 rounding, not bit for bit.
+#include "backend/cuda/fused_moe_bulk.cuh"
+#include "backend/cuda/fused_moe_dot.cuh"
+#include "backend/cuda/gemv_mma.cuh"
+
+namespace moecel::cuda::bulk {
+namespace {
+
+// Kernel A's blocks per SM the register budget must allow: an OLMoE-sized grid (ffn 1024, 8 experts: 512 blocks)
+// resident at once, as fused_gate_up_bulk_kernel's.
+constexpr int kABlocksPerSm = 4;
+
+// Kernel B's vector: the k act rows as one vector of k * ffn values in three bf16 planes (plane stride
+// mma_plane_bytes(k * ffn)) with its group sums, from act in global memory. All of a thread's loads are issued
+// before its stores (kOct octets per thread in flight): a loop of load-then-store steps is a chain of L2 round trips.
+template <int GS>
+__device__ __forceinline__ void stage_act_planes(const float* act, int64_t n, unsigned char* planes, float* xsum) {
+  constexpr int kOct = 4, kOctPerGroup = GS / 8, kShift = GS == 32 ? 5 : GS == 64 ? 6 : 7;
+  const int64_t n_oct = n / 8, plane = mma_plane_bytes(n);
+  const bool vec = (reinterpret_cast<uintptr_t>(act) & 15) == 0;
+  for (int64_t o0 = 0; o0 < n_oct; o0 += int64_t(kThreads) * kOct) {  // uniform trip count: shuffles need every lane
+    float v[kOct][8];
+#pragma unroll
+    for (int u = 0; u < kOct; ++u) {
+      const int64_t o = o0 + u * kThreads + threadIdx.x;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[u][i] = 0.0f;
+      if (o < n_oct) load8_global(act + o * 8, vec, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kOct; ++u) {
+      const int64_t o = o0 + u * kThreads + threadIdx.x;
+      if (o < n_oct) mma_put_octet(planes, plane, kShift, o * 8, v[u]);
+      // A group's octets are kOctPerGroup consecutive lanes of one warp (o0 + u * kThreads is a multiple of 32).
+      float s = octet_sum(v[u]);
+#pragma unroll
+      for (int off = 1; off < kOctPerGroup; off <<= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (o < n_oct && o % kOctPerGroup == 0) xsum[o / kOctPerGroup] = s;
+    }
+  }
+}
+
+// One group of a 16-row tile times the staged vector: the MMAs of its 32-value blocks, accumulated in d (lane
+// (gid, t): rows gid and gid + 8, columns 2t, 2t + 1). row0: the tile's first row in shared memory (row stride
+// row_bytes); bp: the lane's B-fragment base (planes + plane(gid) + t * 16); g: the group in the vector.
+template <int BITS, int GS>
+__device__ __forceinline__ void tile_group_mma(const unsigned char* row0, int64_t row_bytes, int64_t gl,
+                                               const unsigned char* bp, int64_t g, int gid, int t, float (&d)[4]) {
+  constexpr int kBlocks = GS / 32, kGroupBytes = GS * BITS / 8, kWords = kBlocks * BITS / 4;
+  uint32_t w[2][kWords];  // rows gid, gid + 8
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    lds_words(row0 + (gid + 8 * h) * row_bytes + gl * kGroupBytes + t * (kGroupBytes / 4), w[h]);
+  }
+#pragma unroll
+  for (int p = 0; p < kBlocks; ++p) {
+    uint4 bx = make_uint4(0u, 0u, 0u, 0u);
+    if (gid < 3) bx = *reinterpret_cast<const uint4*>(bp + (g * kBlocks + p) * 64);
+    uint32_t q[2][4];
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      if constexpr (BITS == 4) {
+        q[ks][0] = q4_pair(w[0][p], 2 * ks);
+        q[ks][1] = q4_pair(w[1][p], 2 * ks);
+        q[ks][2] = q4_pair(w[0][p], 2 * ks + 1);
+        q[ks][3] = q4_pair(w[1][p], 2 * ks + 1);
+      } else {
+        q[ks][0] = q8_pair(w[0][2 * p], w[0][2 * p + 1], 2 * ks);
+        q[ks][1] = q8_pair(w[1][2 * p], w[1][2 * p + 1], 2 * ks);
+        q[ks][2] = q8_pair(w[0][2 * p], w[0][2 * p + 1], 2 * ks + 1);
+        q[ks][3] = q8_pair(w[1][2 * p], w[1][2 * p + 1], 2 * ks + 1);
+      }
+    }
+    mma_bf16(d, q[0], bx.x, bx.y);
+    mma_bf16(d, q[1], bx.z, bx.w);
+  }
+}
+
+// Folds one group's MMA sums into the rows' f32 accumulators: acc += s * sum((q - z) x) + (b + z s) * sum(x). Lane
+// t == 0 holds columns 0, 1 (hi, mid), t == 1 columns 2, 3 (lo, 0); the bias term is added once, by t == 0.
+template <int BITS, typename ST>
+__device__ __forceinline__ void fold_group(const RowTile<BITS, ST>& tile, int64_t gl, float xs, int gid,
+                                           const float (&d)[4], float (&acc)[2]) {
+  constexpr float kZero = float(1 << (BITS - 1));  // the code center q4_pair / q8_pair subtract
+  const float s0 = tile.scale(gid, gl), s1 = tile.scale(gid + 8, gl);
+  const float b0 = fmaf(kZero, s0, tile.bias(gid, gl)), b1 = fmaf(kZero, s1, tile.bias(gid + 8, gl));
+  acc[0] = fmaf(s0, d[0] + d[1], fmaf(b0, xs, acc[0]));
+  acc[1] = fmaf(s1, d[2] + d[3], fmaf(b1, xs, acc[1]));
+}
+
+// Kernel A: the grid, copies and result of fused_gate_up_bulk_kernel with two rows per warp, i.e. a 16-row tile of
+// gate and one of up rows per block. Warp w takes groups w, w + 8, ... of both tiles; the block adds the warps'
+// partial sums in warp order. Shared memory: barriers, the gate tile, the up tile, x's three planes, x's group sums,
+// the warps' partial sums.
+template <int BITS, int GS, typename ST, GluAct ACT>
+__global__ void __launch_bounds__(kThreads, kABlocksPerSm)
+    fused_gate_up_bulk_mma_kernel(FusedMoeArgs a, unsigned* err) {
+  extern __shared__ float4 smem4[];
+  constexpr int kRows = kMmaTileRows;  // rows of each matrix in this block
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, j = blockIdx.y;
+  const int gid = lane >> 2, t = lane & 3;
+  const int64_t ffn = a.gate.out, hidden = a.gate.in, groups = hidden / GS;
+  const int64_t r0 = int64_t(blockIdx.x) * kRows;
+  const int64_t row_bytes = packed_row_bytes(hidden, BITS), srow = scale_row_bytes<ST>(hidden, GS);
+  const int64_t tile_bytes = RowTile<BITS, ST>::bytes(kRows, row_bytes, srow), plane = mma_plane_bytes(hidden);
+  auto* bars = reinterpret_cast<uint64_t*>(smem4);
+  unsigned char* base = reinterpret_cast<unsigned char*>(smem4) + kBarBytes;
+  const RowTile<BITS, ST> tiles[2] = {{base, row_bytes, srow, kRows}, {base + tile_bytes, row_bytes, srow, kRows}};
+  unsigned char* planes = base + 2 * tile_bytes;
+  float* xsum = reinterpret_cast<float*>(planes + 3 * plane);
+  float* part = xsum + (groups + 3) / 4 * 4;  // (kWarps, 2 * kRows)
+  if (threadIdx.x == 0) mbar_init(&bars[0], 1);
+  __syncthreads();
+  pdl_enter();  // the indices and x come from the kernels before
+  const int32_t e = a.indices[j];
+  const bool valid = valid_expert(e, a.gate.n_stack);
+  if (threadIdx.x == 0 && valid) {
+    mbar_arrive_expect(&bars[0], unsigned(2 * kRows * (row_bytes + 2 * srow)));
+    issue_rows(a.gate, int64_t(e) * ffn + r0, kRows, tiles[0], &bars[0]);
+    issue_rows(a.up, int64_t(e) * ffn + r0, kRows, tiles[1], &bars[0]);
+  }
+  const bool vec = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
+  mma_stage<GS>(
+      hidden, [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, vec, v); }, planes, xsum);
+  __syncthreads();
+  if (!valid) {  // uniform over the block; no barrier follows
+    if (threadIdx.x == 0) raise_device_error(err, kErrExpertIndex);
+    if (threadIdx.x < kRows) a.act[j * ffn + r0 + threadIdx.x] = __int_as_float(0x7fc00000);
+    return;
+  }
+  // Lane (gid, t) loads x's B fragments from plane gid (hi, mid, lo; lanes with gid >= 3 hold zero columns).
+  const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * 16;
+  float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [tile][row gid, row gid + 8]
+  mbar_wait(&bars[0], 0);
+  for (int64_t g = warp; g < groups; g += kWarps) {
+    const float xs = t == 0 ? xsum[g] : 0.0f;
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tile_group_mma<BITS, GS>(tiles[m].base, row_bytes, g, bp, g, gid, t, d);
+      fold_group(tiles[m], g, xs, gid, d, acc[m]);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) acc[m][h] += __shfl_xor_sync(0xffffffffu, acc[m][h], 1);
+  }
+  if (t == 0) {
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      part[warp * 2 * kRows + m * kRows + gid] = acc[m][0];
+      part[warp * 2 * kRows + m * kRows + gid + 8] = acc[m][1];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kRows) {  // row r's gate and up: the warps' partial sums in warp order
+    const int r = threadIdx.x;
+    float gsum = part[r], usum = part[kRows + r];
+    for (int w2 = 1; w2 < kWarps; ++w2) {
+      gsum += part[w2 * 2 * kRows + r];
+      usum += part[w2 * 2 * kRows + kRows + r];
+    }
+    a.act[j * ffn + r0 + r] = glu_value<ACT>(gsum, usum);
+  }
+}
+
+// Kernel B: grid (hidden / 16), a 16-row tile of down rows for each of the k slots per block, every slot's copies
+// issued before the wait for kernel A (as fused_down_bulk_kernel's). Warp w computes slots w, w + 8, ... (each its
+// tile times that slot's act row); the block adds the slots in order: out[r] = (residual[r] +) sum_j weights[j] *
+// (down[e_j][r] . act[j]). Shared memory: barriers, k tiles, the act planes, their group sums, the slots' sums.
+template <int BITS, int GS, typename ST>
+__global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeArgs a, unsigned* err) {
+  extern __shared__ float4 smem4[];
+  constexpr int kRows = kMmaTileRows;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, t = lane & 3;
+  const int64_t hidden = a.down.out, ffn = a.down.in, groups = ffn / GS, r0 = int64_t(blockIdx.x) * kRows;
+  const int64_t row_bytes = packed_row_bytes(ffn, BITS), srow = scale_row_bytes<ST>(ffn, GS);
+  const int64_t tile_bytes = RowTile<BITS, ST>::bytes(kRows, row_bytes, srow), plane = mma_plane_bytes(a.k * ffn);
+  auto* bars = reinterpret_cast<uint64_t*>(smem4);
+  unsigned char* base = reinterpret_cast<unsigned char*>(smem4) + kBarBytes;
+  auto tile = [&](int sl) { return RowTile<BITS, ST>{base + sl * tile_bytes, row_bytes, srow, kRows}; };
+  unsigned char* planes = base + a.k * tile_bytes;
+  float* xsum = reinterpret_cast<float*>(planes + 3 * plane);  // (k * groups)
+  float* part = xsum + (a.k * groups + 3) / 4 * 4;             // (k, kRows)
+  __shared__ int32_t experts[kMaxSlots];
+  __shared__ float slot_weights[kMaxSlots];
+  if (threadIdx.x == 0) {
+    for (int sl = 0; sl < a.k; ++sl) mbar_init(&bars[sl], 1);
+  }
+  __syncthreads();
+  // Before the wait for kernel A: the indices and weights come from the kernel before it (see fused_down_bulk_kernel).
+  if (threadIdx.x < a.k) {
+    const int sl = threadIdx.x;
+    const int32_t e = __ldcg(a.indices + sl);
+    slot_weights[sl] = __ldcg(a.weights + sl);
+    experts[sl] = e;
+    const bool ok = valid_expert(e, a.down.n_stack);
+    mbar_arrive_expect(&bars[sl], ok ? unsigned(kRows * (row_bytes + 2 * srow)) : 0u);
+    if (ok) issue_rows(a.down, int64_t(e) * hidden + r0, kRows, tile(sl), &bars[sl]);
+  }
+  const float res = a.residual && threadIdx.x < kRows ? __ldcg(a.residual + r0 + threadIdx.x) : 0.0f;
+  pdl_enter();
+  stage_act_planes<GS>(a.act, a.k * ffn, planes, xsum);
+  __syncthreads();
+  const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * 16;
+  for (int sl = warp; sl < a.k; sl += kWarps) {
+    if (!valid_expert(experts[sl], a.down.n_stack)) continue;  // its sum is never read
+    const RowTile<BITS, ST> tl = tile(sl);
+    mbar_wait(&bars[sl], 0);
+    float acc[2] = {0.0f, 0.0f};
+    for (int64_t gl = 0; gl < groups; ++gl) {
+      const int64_t g = sl * groups + gl;
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tile_group_mma<BITS, GS>(tl.base, row_bytes, gl, bp, g, gid, t, d);
+      fold_group(tl, gl, t == 0 ? xsum[g] : 0.0f, gid, d, acc);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 1);
+    if (t == 0) {
+      part[sl * kRows + gid] = acc[0];
+      part[sl * kRows + gid + 8] = acc[1];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kRows) {
+    const int r = threadIdx.x;
+    float out = 0.0f;
+    for (int sl = 0; sl < a.k; ++sl) {
+      if (!valid_expert(experts[sl], a.down.n_stack)) {
+        if (r == 0 && blockIdx.x == 0) raise_device_error(err, kErrExpertIndex);
+        out = __int_as_float(0x7fc00000);
+      } else {
+        out = fmaf(slot_weights[sl], part[sl * kRows + r], out);  // the gather path's weighted sum, same order
+      }
+    }
+    a.out[r0 + r] = a.residual ? res + out : out;
+  }
+}
+
+}  // namespace
+
+// The tensor-core kernel A for 4-/8-bit experts with group size 32, 64 or 128 and ffn a multiple of its 16-row tiles;
+// false (launching nothing) otherwise.
+bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
+  const WeightView& g = a.gate;
+  const int gs = int(g.group_size);
+  if (g.out % kMmaTileRows != 0 || (gs != 32 && gs != 64 && gs != 128) || g.in % gs != 0) return false;
+  const int64_t row_bytes = packed_row_bytes(g.in, g.bits), srow = scale_row_bytes_of(g);
+  const int64_t groups = g.in / gs;
+  const size_t smem = kBarBytes + 2 * size_t((kMmaTileRows * (row_bytes + 2 * srow) + 15) / 16 * 16) +
+                      3 * size_t(mma_plane_bytes(g.in)) + size_t((groups + 3) / 4 * 4) * sizeof(float) +
+                      size_t(kWarps) * 2 * kMmaTileRows * sizeof(float);
+  if (smem > size_t(ctx.max_smem_optin)) return false;
+  const dim3 grid{unsigned(g.out / kMmaTileRows), unsigned(a.k)};
+  dispatch(g, [&]<int BITS, int GS, typename ST>() {
+    switch (a.glu) {
+      case GluAct::kSiLU:
+        launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, GluAct::kSiLU>, grid, smem, a);
+        break;
+      case GluAct::kGeLU:
+        launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, GluAct::kGeLU>, grid, smem, a);
+        break;
+      case GluAct::kReLU2:
+        launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, GluAct::kReLU2>, grid, smem, a);
+        break;
+    }
+  });
+  return true;
+}
+
+// The tensor-core kernel B for 4-/8-bit experts with group size 32, 64 or 128, hidden a multiple of its 16-row tiles
+// and up to kMaxSlots selected experts; false (launching nothing) otherwise.
+bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
+  const WeightView& d = a.down;
+  const int gs = int(d.group_size);
+  if (d.out % kMmaTileRows != 0 || (gs != 32 && gs != 64 && gs != 128) || d.in % gs != 0 || a.k > kMaxSlots) {
+    return false;
+  }
+  const int64_t row_bytes = packed_row_bytes(d.in, d.bits), srow = scale_row_bytes_of(d);
+  const int64_t groups = d.in / gs;
+  const size_t smem = kBarBytes + size_t(a.k) * size_t((kMmaTileRows * (row_bytes + 2 * srow) + 15) / 16 * 16) +
+                      3 * size_t(mma_plane_bytes(a.k * d.in)) + size_t((a.k * groups + 3) / 4 * 4) * sizeof(float) +
+                      size_t(a.k) * kMmaTileRows * sizeof(float);
+  if (smem > size_t(ctx.max_smem_optin)) return false;
+  const dim3 grid{unsigned(d.out / kMmaTileRows)};
+  dispatch(d, [&]<int BITS, int GS, typename ST>() {
+    launch_bulk(ctx, fused_down_bulk_mma_kernel<BITS, GS, ST>, grid, smem, a);
+  });
+  return true;
+}
+
+}  // namespace moecel::cuda::bulk
