@@ -81,9 +81,14 @@ TEST_P(FusedMoeCuda, MatchesReferenceGatherAndIsDeterministic) {
   // The default kernels A and B multiply on tensor cores (where they apply): the same products in another order of f32
   // additions, so they agree with the gather path to f32 rounding, not bit for bit.
   EXPECT_LE(test::normalized_rms(fused, gather), 1e-5) << "fused and gather paths differ beyond f32 rounding";
+  // The tensor-core kernels wherever they apply (the default takes kernel A's only for large grids).
+  const std::vector<float> tc = run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2");
+  EXPECT_LE(test::normalized_rms(tc, ref), 5e-4);
+  EXPECT_LE(test::normalized_rms(tc, gather), 1e-5) << "tensor-core fused and gather paths differ beyond f32 rounding";
+  EXPECT_EQ(tc, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2")) << "tensor-core rerun differs";
   // Kernels A and B on CUDA cores, in every launch width and variant, are the gather path bit for bit.
   const std::vector<float> cores = run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=0");
-  EXPECT_EQ(cores, gather) << "fused (CUDA-core kernel A) and gather paths differ";
+  EXPECT_EQ(cores, gather) << "fused (CUDA-core kernels) and gather paths differ";
   EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=0 MOECEL_CUDA_FUSED_ROWS=1"))
       << "1 row per warp differs";
   EXPECT_EQ(cores, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=0 MOECEL_CUDA_FUSED_ROWS=4"))

@@ -59,9 +59,9 @@ struct CudaBackend::Impl {
   bool fused_b_prefetch = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_B_PREFETCH", 1, {0, 1}) == 1;
   // Kernels A and B fed by bulk copies where they apply (MOECEL_CUDA_FUSED_BULK=0: the register-prefetch kernels).
   bool fused_bulk = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_BULK", 1, {0, 1}) == 1;
-  // The bulk kernels A and B multiply on tensor cores (MOECEL_CUDA_FUSED_MMA=0: CUDA cores, bit for bit the gather
-  // path).
-  bool fused_mma = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_MMA", 1, {0, 1}) == 1;
+  // The bulk kernels A and B on tensor cores (MOECEL_CUDA_FUSED_MMA: 1 where measured faster, 2 wherever they apply,
+  // 0 never: CUDA cores, bit for bit the gather path).
+  int fused_mma = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_MMA", 1, {0, 1, 2});
   std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();
   unsigned* flag_host = nullptr;    // mapped pinned word the kernels raise DeviceError bits in
   int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)

@@ -29,9 +29,10 @@ struct FusedMoeArgs {
   int max_slot_batch = 4;      // kernel B: most slots staged and loaded together (8, 4, 2 or 1)
   bool b_prefetch = true;      // kernel B loads its first weights before waiting for kernel A
   bool bulk = true;            // kernels A and B fed by bulk copies where they apply (fused_moe_bulk.cu)
-  // The bulk kernels A (two rows per warp only) and B multiply on tensor cores: results within f32 rounding of the
-  // CUDA-core kernels, no longer bit for bit those of the gather path.
-  bool mma = true;
+  // The bulk kernels on tensor cores (fused_moe_bulk_mma.cu): results within f32 rounding of the CUDA-core kernels,
+  // no longer bit for bit those of the gather path. 0: never; 1: where measured faster (kernel B always, kernel A with
+  // two rows per warp and more than 3 blocks per SM); 2: wherever they apply (tests).
+  int mma = 1;
 };
 
 // Launches kernels A and B. Preconditions (checked): gate/up bits equal and in {4, 8}; down bits in {4, 6, 8};

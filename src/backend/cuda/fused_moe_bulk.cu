@@ -199,7 +199,11 @@ bool launch_fused_gate_up_bulk(const Ctx& ctx, const FusedMoeArgs& a) {
   const WeightView& g = a.gate;
   const int rpw = a.rows_per_warp;
   if (!a.bulk || (rpw != 1 && rpw != 2 && rpw != 4) || !bulk_rows_ok(g) || !bulk_rows_ok(a.up)) return false;
-  if (a.mma && rpw == 2 && launch_gate_up_bulk_mma(ctx, a)) return true;
+  // The tensor-core kernel A pays off where its compute per SM bounds it: OLMoE's 512 blocks (~4 per SM on the H200)
+  // went 1,345 -> 1,385 tok/s, Qwen3-30B-A3B's 384 (~3 per SM) 382.3 -> 379.3 (docs/benchmarks.md, ninth tree).
+  const int64_t blocks = (g.out + 15) / 16 * a.k;
+  const bool mma = a.mma == 2 || (a.mma == 1 && blocks > 3 * int64_t(std::max(ctx.sm_count, 1)));
+  if (mma && rpw == 2 && launch_gate_up_bulk_mma(ctx, a)) return true;
   const int64_t rows = int64_t(kWarps) * rpw;
   const int64_t row_bytes = packed_row_bytes(g.in, g.bits), srow = scale_row_bytes_of(g);
   const size_t smem =
@@ -230,7 +234,7 @@ bool launch_fused_gate_up_bulk(const Ctx& ctx, const FusedMoeArgs& a) {
 bool launch_fused_down_bulk(const Ctx& ctx, const FusedMoeArgs& a) {
   const WeightView& d = a.down;
   if (!a.bulk || a.k > kMaxSlots || !bulk_rows_ok(d)) return false;
-  if (a.mma && launch_down_bulk_mma(ctx, a)) return true;
+  if (a.mma != 0 && launch_down_bulk_mma(ctx, a)) return true;
   const int64_t row_bytes = packed_row_bytes(d.in, d.bits), srow = scale_row_bytes_of(d);
   const size_t tile = size_t((kWarps * (row_bytes + 2 * srow) + 15) / 16 * 16);
   const size_t smem = kBarBytes + size_t(a.k) * tile + staged_floats_bytes(int64_t(a.k) * d.in);
