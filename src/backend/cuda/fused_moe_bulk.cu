@@ -39,16 +39,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(RPW)) fused_gate_up_bulk_
   unsigned char* base = reinterpret_cast<unsigned char*>(smem4) + kBarBytes;
   const RowTile<BITS, ST> gt{base, row_bytes, srow, n_rows}, ut{base + tile_bytes, row_bytes, srow, n_rows};
   float* xs = reinterpret_cast<float*>(base + 2 * RowTile<BITS, ST>::bytes(kRows, row_bytes, srow));
-  if (threadIdx.x == 0) mbar_init(&bars[0], 1);
-  __syncthreads();
-  pdl_enter();  // the indices and x come from the kernels before
-  const int32_t e = a.indices[j];
-  const bool valid = valid_expert(e, a.gate.n_stack);
-  if (threadIdx.x == 0 && valid) {
-    mbar_arrive_expect(&bars[0], unsigned(2 * n_rows * (row_bytes + 2 * srow)));
-    issue_rows(a.gate, int64_t(e) * ffn + r0, n_rows, gt, &bars[0]);
-    issue_rows(a.up, int64_t(e) * ffn + r0, n_rows, ut, &bars[0]);
-  }
+  const bool valid = gate_up_prologue(a, j, r0, n_rows, gt, ut, &bars[0]);
   stage_chunks(a.x, hidden, xs);
   __syncthreads();
   stage_xsums(xs, n_chunks);

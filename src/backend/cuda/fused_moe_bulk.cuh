@@ -92,6 +92,27 @@ void launch_bulk(const Ctx& ctx, Kernel kernel, dim3 grid, size_t smem, const Fu
   launch_k(ctx, kernel, grid, kThreads, smem, a, ctx.error_flag);
 }
 
+// Kernel A's start: initializes the block's barrier, waits for the kernels before (the indices and x come from
+// them), reads slot j's expert and has thread 0 issue the copies of its n gate and up rows from row r0 into gt and
+// ut, completing on bar. Every thread calls it; returns whether the expert index is valid (uniform over the block).
+template <int BITS, typename ST>
+__device__ __forceinline__ bool gate_up_prologue(const FusedMoeArgs& a, int j, int64_t r0, int n,
+                                                 const RowTile<BITS, ST>& gt, const RowTile<BITS, ST>& ut,
+                                                 uint64_t* bar) {
+  if (threadIdx.x == 0) mbar_init(bar, 1);
+  __syncthreads();
+  pdl_enter();
+  const int32_t e = a.indices[j];
+  const bool valid = e >= 0 && e < a.gate.n_stack;
+  if (threadIdx.x == 0 && valid) {
+    mbar_arrive_expect(bar, unsigned(2 * n * (gt.row_bytes + 2 * gt.srow_bytes)));
+    const int64_t row = int64_t(e) * a.gate.out + r0;
+    issue_rows(a.gate, row, n, gt, bar);
+    issue_rows(a.up, row, n, ut, bar);
+  }
+  return valid;
+}
+
 // The tensor-core kernels A and B (fused_moe_bulk_mma.cu) where they apply (4-/8-bit weights, group size 32, 64 or
 // 128, 16-row tiles); false, launching nothing, otherwise.
 bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a);

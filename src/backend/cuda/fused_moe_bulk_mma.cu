@@ -62,20 +62,7 @@ __device__ __forceinline__ void tile_group_mma(const unsigned char* row0, int64_
     uint4 bx = make_uint4(0u, 0u, 0u, 0u);
     if (gid < 3) bx = *reinterpret_cast<const uint4*>(bp + (g * kBlocks + p) * 64);
     uint32_t q[2][4];
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      if constexpr (BITS == 4) {
-        q[ks][0] = q4_pair(w[0][p], 2 * ks);
-        q[ks][1] = q4_pair(w[1][p], 2 * ks);
-        q[ks][2] = q4_pair(w[0][p], 2 * ks + 1);
-        q[ks][3] = q4_pair(w[1][p], 2 * ks + 1);
-      } else {
-        q[ks][0] = q8_pair(w[0][2 * p], w[0][2 * p + 1], 2 * ks);
-        q[ks][1] = q8_pair(w[1][2 * p], w[1][2 * p + 1], 2 * ks);
-        q[ks][2] = q8_pair(w[0][2 * p], w[0][2 * p + 1], 2 * ks + 1);
-        q[ks][3] = q8_pair(w[1][2 * p], w[1][2 * p + 1], 2 * ks + 1);
-      }
-    }
+    block_frags<BITS>(w[0], w[1], p, q);
     mma_bf16(d, q[0], bx.x, bx.y);
     mma_bf16(d, q[1], bx.z, bx.w);
   }
@@ -114,16 +101,7 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   unsigned char* planes = base + 2 * tile_bytes;
   float* xsum = reinterpret_cast<float*>(planes + 3 * plane);
   float* part = xsum + (groups + 3) / 4 * 4;  // (kWarps, 2 * kRows)
-  if (threadIdx.x == 0) mbar_init(&bars[0], 1);
-  __syncthreads();
-  pdl_enter();  // the indices and x come from the kernels before
-  const int32_t e = a.indices[j];
-  const bool valid = valid_expert(e, a.gate.n_stack);
-  if (threadIdx.x == 0 && valid) {
-    mbar_arrive_expect(&bars[0], unsigned(2 * kRows * (row_bytes + 2 * srow)));
-    issue_rows(a.gate, int64_t(e) * ffn + r0, kRows, tiles[0], &bars[0]);
-    issue_rows(a.up, int64_t(e) * ffn + r0, kRows, tiles[1], &bars[0]);
-  }
+  const bool valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0]);
   const bool vec = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
   mma_stage<GS>(
       hidden, [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, vec, v); }, planes, xsum);

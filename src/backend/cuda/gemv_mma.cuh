@@ -209,6 +209,27 @@ __device__ __forceinline__ float packed_at(const uint32_t (&raw)[N], int i) {
   }
 }
 
+// The A fragments of 32-value block p of a lane's words of rows gid (w0) and gid + 8 (w1), for its two k16 steps
+// (the fragment order in the file comment).
+template <int BITS, int N>
+__device__ __forceinline__ void block_frags(const uint32_t (&w0)[N], const uint32_t (&w1)[N], int p,
+                                            uint32_t (&a)[2][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    if constexpr (BITS == 4) {
+      a[ks][0] = q4_pair(w0[p], 2 * ks);
+      a[ks][1] = q4_pair(w1[p], 2 * ks);
+      a[ks][2] = q4_pair(w0[p], 2 * ks + 1);
+      a[ks][3] = q4_pair(w1[p], 2 * ks + 1);
+    } else {
+      a[ks][0] = q8_pair(w0[2 * p], w0[2 * p + 1], 2 * ks);
+      a[ks][1] = q8_pair(w1[2 * p], w1[2 * p + 1], 2 * ks);
+      a[ks][2] = q8_pair(w0[2 * p], w0[2 * p + 1], 2 * ks + 1);
+      a[ks][3] = q8_pair(w1[2 * p], w1[2 * p + 1], 2 * ks + 1);
+    }
+  }
+}
+
 // A task's partial dot products of rows gid and gid + 8 (the stage's rows), returned to lane t == 0 of each row
 // group (other lanes' values must be ignored). planes / xsum: the staged vector (mma_stage); slice, groups: as
 // in the TaskSrc the stage was issued from.
@@ -241,20 +262,7 @@ __device__ __forceinline__ void mma_compute(const unsigned char* stage, int slic
       uint4 bx = make_uint4(0u, 0u, 0u, 0u);
       if (n < 3) bx = *reinterpret_cast<const uint4*>(bp + (g * L::kBlocks + p) * 64);
       uint32_t a[2][4];
-#pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-        if constexpr (BITS == 4) {
-          a[ks][0] = q4_pair(w[0][p], 2 * ks);
-          a[ks][1] = q4_pair(w[1][p], 2 * ks);
-          a[ks][2] = q4_pair(w[0][p], 2 * ks + 1);
-          a[ks][3] = q4_pair(w[1][p], 2 * ks + 1);
-        } else {
-          a[ks][0] = q8_pair(w[0][2 * p], w[0][2 * p + 1], 2 * ks);
-          a[ks][1] = q8_pair(w[1][2 * p], w[1][2 * p + 1], 2 * ks);
-          a[ks][2] = q8_pair(w[0][2 * p], w[0][2 * p + 1], 2 * ks + 1);
-          a[ks][3] = q8_pair(w[1][2 * p], w[1][2 * p + 1], 2 * ks + 1);
-        }
-      }
+      block_frags<BITS>(w[0], w[1], p, a);
       mma_bf16(d, a[0], bx.x, bx.y);
       mma_bf16(d, a[1], bx.z, bx.w);
     }

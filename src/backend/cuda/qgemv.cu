@@ -271,25 +271,11 @@ bool launch_gemv_args(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
   return true;
 }
 
-}  // namespace
-
-bool launch_gemv(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs, float* y) {
-  if (n_pairs == 0 || w.out == 0) return true;
-  GemvArgs a{};
-  a.w[0] = w;
-  a.y[0] = y;
-  a.n_parts = 1;
-  a.x = x;
-  a.map = map;
-  a.err = ctx.error_flag;
-  return launch_gemv_args(ctx, a, n_pairs);
-}
-
-bool launch_gather_gemv_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys,
-                              const float* x, const int32_t* indices, int64_t n_tokens, int64_t k) {
+// The arguments of a launch over weights ws (one output each) sharing x.
+GemvArgs parts_args(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
+                    const PairMap& map) {
   CUDA_REQUIRE(!ws.empty() && ws.size() <= size_t(kMaxGemvParts) && ys.size() == ws.size(),
                "gemv: 1 to 3 weights, one output each");
-  if (n_tokens * k == 0) return true;
   GemvArgs a{};
   a.n_parts = int(ws.size());
   for (size_t i = 0; i < ws.size(); ++i) {
@@ -297,15 +283,28 @@ bool launch_gather_gemv_parts(const Ctx& ctx, std::span<const WeightView> ws, st
     a.y[i] = ys[i];
   }
   a.x = x;
-  a.map = PairMap{indices, k, false};
+  a.map = map;
   a.err = ctx.error_flag;
-  return launch_gemv_args(ctx, a, n_tokens * k);
+  return a;
+}
+
+}  // namespace
+
+bool launch_gemv(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs, float* y) {
+  if (n_pairs == 0 || w.out == 0) return true;
+  GemvArgs a = parts_args(ctx, std::span(&w, 1), std::span(&y, 1), x, map);
+  return launch_gemv_args(ctx, a, n_pairs);
+}
+
+bool launch_gather_gemv_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys,
+                              const float* x, const int32_t* indices, int64_t n_tokens, int64_t k) {
+  GemvArgs a = parts_args(ctx, ws, ys, x, PairMap{indices, k, false});
+  return n_tokens * k == 0 || launch_gemv_args(ctx, a, n_tokens * k);
 }
 
 bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
                        int64_t n_tokens, const GemvFusion& f) {
-  CUDA_REQUIRE(!ws.empty() && ws.size() <= size_t(kMaxGemvParts) && ys.size() == ws.size(),
-               "gemv: 1 to 3 weights, one output each");
+  GemvArgs a = parts_args(ctx, ws, ys, x, PairMap{nullptr, 1, true});
   CUDA_REQUIRE(!(f.residual || f.router.k > 0) || ws.size() == 1, "gemv: residual and router need one weight");
   if (n_tokens == 0) return true;
   if (n_tokens > kGemvMaxTokens || ws[0].bits == 0) return false;
@@ -314,15 +313,6 @@ bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span
                      f.router.k <= ws[0].out,
                  "gemv: the router epilogue takes up to 256 experts and k <= min(32, n_experts)");
   }
-  GemvArgs a{};
-  a.n_parts = int(ws.size());
-  for (size_t i = 0; i < ws.size(); ++i) {
-    a.w[i] = ws[i];
-    a.y[i] = ys[i];
-  }
-  a.x = x;
-  a.map = PairMap{nullptr, 1, true};
-  a.err = ctx.error_flag;
   a.f = f;
   return launch_gemv_args(ctx, a, n_tokens);
 }
