@@ -58,7 +58,9 @@ void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& g
   a.max_slot_batch = im.fused_slot_batch;
   a.b_prefetch = im.fused_b_prefetch;
   a.bulk = im.fused_bulk;
-  a.mma = im.fused_mma;
+  // MOECEL_CUDA_DECODE_MMA=1 promises fused == gather bit for bit: its own tensor-core kernels take what the gather
+  // path runs on tensor cores, and the bulk kernels stay on CUDA cores like the gather path's other products.
+  a.mma = im.ctx.decode_mma == 1 ? 0 : im.fused_mma;
   cuda::launch_fused_moe(im.ctx, a);
 }
 

@@ -48,8 +48,9 @@ size_t fused_act_bytes(int64_t ffn, int k);
 // (decode_mma_applies). Each returns false, launching nothing, where it does not apply.
 bool launch_fused_gate_up_mma(const Ctx& ctx, const FusedMoeArgs& a);
 bool launch_fused_down_mma(const Ctx& ctx, const FusedMoeArgs& a);
-// Internal: kernels A and B fed by bulk copies (fused_moe_bulk.cu) for 4-/8-bit experts whose rows of scales are
-// multiples of 16 bytes, up to 16 selected experts, where their shared memory fits. Same contract as above.
+// Internal: kernels A and B fed by bulk copies (fused_moe_bulk.cu, fused_moe_bulk_mma.cu) for 4-/8-bit experts with
+// 16-byte aligned scales and biases (bulk_rows_ok), up to 16 selected experts, where their shared memory fits. Same
+// contract as above.
 bool launch_fused_gate_up_bulk(const Ctx& ctx, const FusedMoeArgs& a);
 bool launch_fused_down_bulk(const Ctx& ctx, const FusedMoeArgs& a);
 

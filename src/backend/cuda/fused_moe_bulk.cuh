@@ -71,11 +71,13 @@ __device__ void issue_rows(const WeightView& w, int64_t row, int n, const RowTil
             static_cast<const unsigned char*>(w.biases) + row * tile.srow_bytes, sb, bar);
 }
 
-// Whether a matrix's rows can be bulk-copied: 4 or 8 bits (packed rows a multiple of 16 bytes) and rows of scales
-// a multiple of 16 bytes, 16-byte aligned (so every row's scales and biases start aligned).
+// Whether a matrix's rows can be bulk-copied: 4 or 8 bits (packed rows a multiple of 16 bytes), 16-byte aligned
+// scales and biases, and 8 rows of scales a multiple of 16 bytes. Every tile is a multiple of 8 rows starting at a row
+// that is a multiple of 8 (ffn and hidden are multiples of 32), so each tile's scales and biases are one aligned
+// span: Qwen3-30B-A3B's down projection (24-byte rows of scales) qualifies.
 inline bool bulk_rows_ok(const WeightView& w) {
   const int64_t ssize = w.stype == FloatType::kF32 ? 4 : 2;
-  return (w.bits == 4 || w.bits == 8) && (w.in / w.group_size) * ssize % 16 == 0 &&
+  return (w.bits == 4 || w.bits == 8) && 8 * (w.in / w.group_size) * ssize % 16 == 0 &&
          reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(w.biases) % 16 == 0;
 }
 
