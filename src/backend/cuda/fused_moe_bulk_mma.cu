@@ -47,7 +47,8 @@ __device__ __forceinline__ void stage_act_planes(const float* act, int64_t n, un
 
 // One group of a 16-row tile times the staged vector: the MMAs of its 32-value blocks, accumulated in d (lane
 // (gid, t): rows gid and gid + 8, columns 2t, 2t + 1). row0: the tile's first row in shared memory (row stride
-// row_bytes); bp: the lane's B-fragment base (planes + plane(gid) + t * 16); g: the group in the vector.
+// row_bytes); gl: the group within the rows; bp: the lane's B-fragment base (planes + plane(gid) + t * 16); g: the
+// same group's index in the staged vector (kernel B's vector holds k slots' groups one after another).
 template <int BITS, int GS>
 __device__ __forceinline__ void tile_group_mma(const unsigned char* row0, int64_t row_bytes, int64_t gl,
                                                const unsigned char* bp, int64_t g, int gid, int t, float (&d)[4]) {
