@@ -84,6 +84,14 @@ void Backend::rms_norm_router(const Tensor& x, const Tensor& norm_weight, float 
   router_topk(logits, scoring, k, renormalize, indices, weights);
 }
 
+void Backend::linear_residual_norm_router(const LinearWeight& w, const Tensor& x, Tensor& residual,
+                                          const Tensor& norm_weight, float eps, const LinearWeight& router,
+                                          RouterScoring scoring, int k, bool renormalize, Tensor& xn, Tensor& logits,
+                                          Tensor& indices, Tensor& weights) {
+  linear_residual(w, x, residual);
+  rms_norm_router(residual, norm_weight, eps, router, scoring, k, renormalize, xn, logits, indices, weights);
+}
+
 }  // namespace moecel
 
 namespace moecel {

@@ -141,6 +141,13 @@ class Backend {
   virtual void rms_norm_router(const Tensor& x, const Tensor& norm_weight, float eps, const LinearWeight& router,
                                RouterScoring scoring, int k, bool renormalize, Tensor& xn, Tensor& logits,
                                Tensor& indices, Tensor& weights);
+  // An output projection into the residual stream, then the router of the MoE block after it: residual +=
+  // linear(w, x), then rms_norm_router(residual, norm_weight, ...). One op so that a backend may compute the
+  // router's logits inside the projection's launch (CUDA decode). x (n_tokens, in); residual, xn (n_tokens, d).
+  virtual void linear_residual_norm_router(const LinearWeight& w, const Tensor& x, Tensor& residual,
+                                           const Tensor& norm_weight, float eps, const LinearWeight& router,
+                                           RouterScoring scoring, int k, bool renormalize, Tensor& xn, Tensor& logits,
+                                           Tensor& indices, Tensor& weights);
   // ---- the fused single-token decode-MoE path (DESIGN.md section 5; gating lives in SwitchGLU) ----
   // Largest moe_intermediate_size the fused path takes on this backend by default (0: no fused path).
   virtual int64_t fused_moe_default_max_dff() const { return 0; }

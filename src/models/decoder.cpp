@@ -184,6 +184,10 @@ void routed_feed_forward_add(Backend& be, const LinearWeight& router, const Swit
 
 void DecoderModel::feed_forward_add(Backend& be, size_t layer, const Tensor& post_norm, float eps, Tensor& x,
                                     Tensor& xn) const {
+  if (const std::optional<RoutedFfn> r = routed_ffn(layer)) {
+    return routed_feed_forward_add(be, *r->router, *r->experts, r->scoring, r->k, r->renormalize, post_norm, eps, x,
+                                   xn);
+  }
   be.rms_norm(x, post_norm, eps, xn);
   const Tensor f = feed_forward(be, layer, xn);
   be.add(x, f, x);
@@ -281,6 +285,15 @@ Tensor DecoderModel::forward_device(const Tensor& tok, KvCache& cache, bool all_
       be.rope(k, pos0, n_kv_heads, head_dim, head_dim, theta);
       be.kv_store(k, v, cache.k[l], cache.v[l], pos0);
       be.attention(q, cache.k[l], cache.v[l], pos0, n_heads, n_kv_heads, head_dim, scale, ly.window, att);
+    }
+    const std::optional<RoutedFfn> routed = ly.o_bias.data ? std::nullopt : routed_ffn(l);
+    if (routed) {  // o projection, post-attention norm and router in one op, then the experts
+      Tensor logits = be.scratch(DType::kF32, {n, routed->router->out});
+      Tensor idx = be.scratch(DType::kI32, {n, routed->k}), w = be.scratch(DType::kF32, {n, routed->k});
+      be.linear_residual_norm_router(ly.o_proj, att, x, ly.post_norm, eps, *routed->router, routed->scoring,
+                                     int(routed->k), routed->renormalize, xn, logits, idx, w);
+      routed->experts->forward_add(be, xn, idx, w, x);
+      continue;
     }
     if (ly.o_bias.data) {
       be.linear(ly.o_proj, att, o);

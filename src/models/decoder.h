@@ -7,6 +7,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,17 @@ Tensor route_topk(Backend& be, const LinearWeight& router, const SwitchGLU& expe
 void routed_feed_forward_add(Backend& be, const LinearWeight& router, const SwitchGLU& experts, RouterScoring scoring,
                              int64_t k, bool renormalize, const Tensor& post_norm, float eps, Tensor& x, Tensor& xn);
 
+// A layer's feed-forward block when it is a router and routed experts only (x += experts(xn, top-k of
+// router(xn)), xn = rms_norm(x, post_norm)): the decoder then runs the attention's output projection, the norm and
+// the router as one op (Backend::linear_residual_norm_router).
+struct RoutedFfn {
+  const LinearWeight* router;
+  const SwitchGLU* experts;
+  RouterScoring scoring;
+  int64_t k;
+  bool renormalize;
+};
+
 // Per-layer feed-forward weights of a family whose layers are each a dense MLP or a MoE block (with a member
 // `experts`), and the byte counts DecoderModel::fill_info takes.
 template <class Block>
@@ -137,10 +149,11 @@ class DecoderModel : public Model {
   // -> a new (n_tokens, hidden_size) tensor (never xn itself).
   virtual Tensor feed_forward(Backend& be, size_t layer, const Tensor& xn) const = 0;
   // The whole feed-forward half of `layer`: x += feed_forward(rms_norm(x, post_norm)), with xn (n_tokens,
-  // hidden_size) as scratch for the normalized input. A family whose block is routed experts only overrides it
-  // with routed_feed_forward_add.
+  // hidden_size) as scratch for the normalized input; routed_feed_forward_add where routed_ffn(layer) is set.
   virtual void feed_forward_add(Backend& be, size_t layer, const Tensor& post_norm, float eps, Tensor& x,
                                 Tensor& xn) const;
+  // Layer `layer`'s block when it is routed experts only (families with such blocks override it), else none.
+  virtual std::optional<RoutedFfn> routed_ffn(size_t /*layer*/) const { return std::nullopt; }
   // Fills info_. ffn_total: bytes of every feed-forward weight; ffn_active: the bytes one decode token reads.
   void fill_info(const ModelConfig& c, int64_t n_moe_layers, size_t ffn_total, size_t ffn_active);
 

@@ -56,11 +56,9 @@ class Mixtral final : public DecoderModel {
     const MoeBlock& b = ffn_.moe[l];
     return route_topk(be, b.router, b.experts, xn, RouterScoring::kTopKSoftmax, cfg_.n_experts_per_tok, false);
   }
-  void feed_forward_add(Backend& be, size_t l, const Tensor& post_norm, float eps, Tensor& x,
-                        Tensor& xn) const override {
+  std::optional<RoutedFfn> routed_ffn(size_t l) const override {
     const MoeBlock& b = ffn_.moe[l];
-    routed_feed_forward_add(be, b.router, b.experts, RouterScoring::kTopKSoftmax, cfg_.n_experts_per_tok, false,
-                            post_norm, eps, x, xn);
+    return RoutedFfn{&b.router, &b.experts, RouterScoring::kTopKSoftmax, cfg_.n_experts_per_tok, false};
   }
 
  private:

@@ -57,10 +57,9 @@ class Olmoe final : public DecoderModel {
     return route_topk(be, ffn_.moe[l].router, ffn_.moe[l].experts, xn, RouterScoring::kSoftmax, cfg_.n_experts_per_tok,
                       cfg_.norm_topk_prob);
   }
-  void feed_forward_add(Backend& be, size_t l, const Tensor& post_norm, float eps, Tensor& x,
-                        Tensor& xn) const override {
-    routed_feed_forward_add(be, ffn_.moe[l].router, ffn_.moe[l].experts, RouterScoring::kSoftmax,
-                            cfg_.n_experts_per_tok, cfg_.norm_topk_prob, post_norm, eps, x, xn);
+  std::optional<RoutedFfn> routed_ffn(size_t l) const override {
+    return RoutedFfn{&ffn_.moe[l].router, &ffn_.moe[l].experts, RouterScoring::kSoftmax, cfg_.n_experts_per_tok,
+                     cfg_.norm_topk_prob};
   }
 
  private:

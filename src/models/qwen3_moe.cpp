@@ -61,12 +61,10 @@ class Qwen3Moe final : public DecoderModel {
     return route_topk(be, b.router, b.experts, xn, RouterScoring::kSoftmax, cfg_.n_experts_per_tok,
                       cfg_.norm_topk_prob);
   }
-  void feed_forward_add(Backend& be, size_t l, const Tensor& post_norm, float eps, Tensor& x,
-                        Tensor& xn) const override {
-    if (!cfg_.moe_layer[l]) return DecoderModel::feed_forward_add(be, l, post_norm, eps, x, xn);
+  std::optional<RoutedFfn> routed_ffn(size_t l) const override {
+    if (!cfg_.moe_layer[l]) return std::nullopt;
     const MoeBlock& b = ffn_.moe[l];
-    routed_feed_forward_add(be, b.router, b.experts, RouterScoring::kSoftmax, cfg_.n_experts_per_tok,
-                            cfg_.norm_topk_prob, post_norm, eps, x, xn);
+    return RoutedFfn{&b.router, &b.experts, RouterScoring::kSoftmax, cfg_.n_experts_per_tok, cfg_.norm_topk_prob};
   }
 
  private:

@@ -171,6 +171,93 @@ TEST_F(CudaOps, RmsNormRouterMatchesTheOpsOneByOne) {
   }
 }
 
+// The o projection with the router's product in its blocks (MOECEL_CUDA_ROUTER_SHARE=1, the default) and one
+// launch for the logits, xn and top-k: the residual bit for bit linear_residual's, the rest within f32 rounding of
+// the ops one by one (the norm's factor is applied after the sum) and of the CPU; with the knob off, bit for bit
+// the ops one by one. Cases beyond its limits (more than 8192 parts, 300 experts, a 6-bit router) take the ops.
+TEST_F(CudaOps, LinearResidualNormRouterMatchesTheOps) {
+  struct Case {
+    int64_t n_experts;
+    int k;
+    RouterScoring scoring;
+    bool renorm;
+    int o_bits, r_bits, r_group;
+    int64_t o_in;  // attention width: 8 rows per block above 2048, else 16
+    DType stype;
+    bool shared;  // within the share's limits
+  };
+  for (const char* share : {"1", "0"}) {
+    setenv("MOECEL_CUDA_ROUTER_SHARE", share, 1);
+    CudaBackend be;
+    unsetenv("MOECEL_CUDA_ROUTER_SHARE");
+    auto get = [&](const Tensor& t) {
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      be.to_host(t, v.data());
+      return v;
+    };
+    auto get_i = [&](const Tensor& t) {
+      std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+      be.to_host(t, v.data());
+      return v;
+    };
+    Rng rng(107);
+    const RouterScoring kSm = RouterScoring::kSoftmax;
+    for (const Case& c : {Case{kExperts, int(kTopK), kSm, false, 4, 4, 64, kHidden, DType::kBF16, true},  // olmoe
+                          Case{32, 4, kSm, true, 8, 8, 32, kHidden, DType::kF16, true},
+                          Case{8, 2, RouterScoring::kTopKSoftmax, false, 4, 4, 128, 4096, DType::kF32, true},
+                          Case{32, 8, kSm, false, 4, 8, 64, 4096, DType::kBF16, true},  // 256 blocks x 32
+                          Case{128, 8, kSm, true, 4, 4, 64, 4096, DType::kF16, false},  // qwen3_moe: 32768 parts
+                          Case{300, 40, kSm, false, 4, 4, 64, kHidden, DType::kBF16, false},
+                          Case{16, 4, kSm, false, 4, 6, 64, kHidden, DType::kBF16, false}}) {
+      const LinearWeight o = make_quant(0, kHidden, c.o_in, c.o_bits, 64, c.stype, rng);
+      const LinearWeight r = make_quant(0, c.n_experts, kHidden, c.r_bits, c.r_group, c.stype, rng);
+      const LinearWeight dov = be.to_device(o), drv = be.to_device(r);
+      Tensor norm = host_random(DType::kBF16, {kHidden}, rng, 0.5f, 1.5f);
+      Tensor dnorm = be.to_device(norm);
+      for (int64_t n : {1, 4, 9}) {
+        const std::string what = std::string("share ") + share + " experts " + std::to_string(c.n_experts) +
+                                 " router bits " + std::to_string(c.r_bits) + " o in " + std::to_string(c.o_in) +
+                                 " n " + std::to_string(n);
+        Tensor att = host_random(DType::kF32, {n, c.o_in}, rng);
+        Tensor res = host_random(DType::kF32, {n, kHidden}, rng, -3.0f, 3.0f);
+        Tensor datt = be.to_device(att);
+        Tensor x = be.to_device(res), ux = be.to_device(res);
+        Tensor xn = be.alloc(DType::kF32, {n, kHidden}), logits = be.alloc(DType::kF32, {n, c.n_experts});
+        Tensor idx = be.alloc(DType::kI32, {n, c.k}), wts = be.alloc(DType::kF32, {n, c.k});
+        be.linear_residual_norm_router(dov, datt, x, dnorm, 1e-5f, drv, c.scoring, c.k, c.renorm, xn, logits, idx, wts);
+        Tensor uxn = be.alloc(DType::kF32, {n, kHidden}), ulogits = be.alloc(DType::kF32, {n, c.n_experts});
+        Tensor uidx = be.alloc(DType::kI32, {n, c.k}), uwts = be.alloc(DType::kF32, {n, c.k});
+        be.linear_residual(dov, datt, ux);
+        be.rms_norm_router(ux, dnorm, 1e-5f, drv, c.scoring, c.k, c.renorm, uxn, ulogits, uidx, uwts);
+        EXPECT_EQ(get(x), get(ux)) << what << ": the residual differs from linear_residual's";
+        const bool fused = share[0] == '1' && c.shared && n <= 4;
+        if (fused) {
+          EXPECT_LE(nmse(get(xn), get(uxn)), kElementwise) << what;
+          EXPECT_LE(nmse(get(logits), get(ulogits)), kMatmul) << what;
+          // The other order of rounding shows in some logit: proof that the share ran.
+          EXPECT_NE(get(logits), get(ulogits)) << what << ": the logits are bit for bit the unshared ones";
+        } else {
+          EXPECT_EQ(get(xn), get(uxn)) << what;
+          EXPECT_EQ(get(logits), get(ulogits)) << what;
+        }
+        EXPECT_EQ(get_i(idx), get_i(uidx)) << what;
+        EXPECT_LE(nmse(get(wts), get(uwts)), kElementwise * 100) << what;
+        // And against the CPU backend's ops.
+        Tensor cx = cpu.alloc(DType::kF32, {n, kHidden});
+        std::memcpy(cx.data, res.data, res.nbytes());
+        Tensor cxn = cpu.alloc(DType::kF32, {n, kHidden}), clogits = cpu.alloc(DType::kF32, {n, c.n_experts});
+        Tensor cidx = cpu.alloc(DType::kI32, {n, c.k}), cwts = cpu.alloc(DType::kF32, {n, c.k});
+        cpu.linear_residual_norm_router(o, att, cx, norm, 1e-5f, r, c.scoring, c.k, c.renorm, cxn, clogits, cidx, cwts);
+        EXPECT_LE(nmse(get(x), host_vec(cx)), kMatmul) << what;
+        EXPECT_LE(nmse(get(xn), host_vec(cxn)), kMatmul) << what;
+        EXPECT_LE(nmse(get(logits), host_vec(clogits)), kMatmul) << what;
+        EXPECT_EQ(get_i(idx), host_i32_vec(cidx)) << what;
+        EXPECT_LE(nmse(get(wts), host_vec(cwts)), kElementwise * 100) << what;
+      }
+    }
+  }
+}
+
 TEST_F(CudaOps, FusedMoeAddMatchesFusedMoeThenAdd) {
   Rng rng(104);
   for (int bits : {4, 8}) {

@@ -72,6 +72,12 @@ class CudaBackend final : public Backend {
   void rms_norm_router(const Tensor& x, const Tensor& norm_weight, float eps, const LinearWeight& router,
                        RouterScoring scoring, int k, bool renormalize, Tensor& xn, Tensor& logits, Tensor& indices,
                        Tensor& weights) override;
+  // Decode (up to 4 tokens, 4/8-bit o projection and router): the router's product in the o projection's launch
+  // (RouterShare), then one launch for the logits, xn and the top-k.
+  void linear_residual_norm_router(const LinearWeight& w, const Tensor& x, Tensor& residual, const Tensor& norm_weight,
+                                   float eps, const LinearWeight& router, RouterScoring scoring, int k,
+                                   bool renormalize, Tensor& xn, Tensor& logits, Tensor& indices,
+                                   Tensor& weights) override;
   void argmax_to(const Tensor& logits, Tensor& ids) override;
   // cudaMemGetInfo's free bytes of this backend's device.
   uint64_t device_free_bytes() const override;

@@ -225,6 +225,76 @@ void CudaBackend::rms_norm_router(const Tensor& x, const Tensor& norm_weight, fl
   if (!epilogue) router_topk(logits, scoring, k, renormalize, indices, weights);
 }
 
+void CudaBackend::linear_residual_norm_router(const LinearWeight& w, const Tensor& x, Tensor& residual,
+                                              const Tensor& norm_weight, float eps, const LinearWeight& router,
+                                              RouterScoring scoring, int k, bool renormalize, Tensor& xn,
+                                              Tensor& logits, Tensor& indices, Tensor& weights) {
+  const LinearWeight* ows[] = {&w};
+  const LinearWeight* rws[] = {&router};
+  const int64_t d = w.out, n_experts = router.out, rows = cuda::share_rows(w.in);
+  const int64_t n = x.numel() / std::max<int64_t>(1, w.in);
+  const auto four_or_eight = [](const LinearWeight& l) { return l.bits == 4 || l.bits == 8; };
+  const bool fits = impl_->router_share && (impl_->fusions & 6) == 6 && fusable(ows, w.in) && fusable(rws, d) &&
+                    four_or_eight(w) && four_or_eight(router) && d % rows == 0 && router.group_size % rows == 0 &&
+                    n_experts <= cuda::kWarpRouterExperts && d / rows * n_experts <= cuda::kMaxShareParts && k >= 1 &&
+                    k <= std::min<int64_t>(32, n_experts) && n >= 1 && n <= cuda::kGemvMaxTokens &&
+                    x.numel() == n * w.in && norm_weight.numel() == d;
+  const auto unfused = [&] {
+    Backend::linear_residual_norm_router(w, x, residual, norm_weight, eps, router, scoring, k, renormalize, xn, logits,
+                                         indices, weights);
+  };
+  if (!fits) return unfused();
+  const cuda::WeightView ov = weight_view(w, "linear"), rv = weight_view(router, "router");
+  if (cuda::decode_mma_applies(impl_->ctx, ov)) return unfused();  // the tensor-core kernel has no share
+  check_f32(x, "linear input");
+  check_f32(residual, "linear residual");
+  check_rows(residual, n, d, w.name.c_str());
+  check_no_overlap(x, residual, "linear_residual_norm_router");
+  check_f32(xn, "router normalized input");
+  check_f32(logits, "router logits");
+  check_f32(weights, "router weights");
+  check_dev(indices, "router indices");
+  MOECEL_CHECK(indices.dtype == DType::kI32, "router: indices must be I32, got {}", dtype_name(indices.dtype));
+  check_rows(xn, n, d, "router normalized input");
+  check_rows(logits, n, n_experts, "router logits");
+  check_rows(indices, n, k, "router indices");
+  check_rows(weights, n, k, "router weights");
+  check_no_overlap(residual, xn, "linear_residual_norm_router");
+  const int64_t blocks = d / rows;
+  const std::shared_ptr<void> buf = impl_->scratch(size_t(n * blocks * (n_experts + 1)) * sizeof(float));
+  float* parts = static_cast<float*>(buf.get());  // (n, blocks, n_experts), then sumsq (n, blocks)
+  cuda::GemvFusion f = norm_fusion(norm_weight, eps, d);
+  f.norm_w = nullptr;  // the norm belongs to the router here, not to the projection's input
+  f.residual = residual.ptr<float>();
+  f.share.w = rv;
+  f.share.norm_w = norm_weight.data;
+  f.share.norm_type = float_type(norm_weight.dtype, "rms_norm weight");
+  f.share.parts = parts;
+  f.share.sumsq = parts + n * blocks * n_experts;
+  float* y = residual.ptr<float>();
+  if (!cuda::launch_gemv_fused(impl_->ctx, std::span(&ov, 1), std::span(&y, 1), x.ptr<float>(), n, f)) {
+    return unfused();
+  }
+  cuda::RouterReduce r;
+  r.parts = parts;
+  r.sumsq = f.share.sumsq;
+  r.blocks = int(blocks);
+  r.y = residual.ptr<float>();
+  r.norm_w = norm_weight.data;
+  r.norm_type = f.share.norm_type;
+  r.eps = eps;
+  r.d = d;
+  r.n_experts = int(n_experts);
+  r.k = k;
+  r.topk_softmax = scoring == RouterScoring::kTopKSoftmax;
+  r.renormalize = renormalize;
+  r.xn = xn.ptr<float>();
+  r.logits = logits.ptr<float>();
+  r.indices = indices.ptr<int32_t>();
+  r.weights = weights.ptr<float>();
+  cuda::launch_router_reduce_topk(impl_->ctx, r, n);
+}
+
 std::vector<int32_t> CudaBackend::argmax(const Tensor& logits) {
   check_f32(logits, "argmax");
   MOECEL_CHECK(logits.ndim() >= 1 && logits.dim(-1) > 0, "argmax: empty rows in {}", shape_str(logits.shape));

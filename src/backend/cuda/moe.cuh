@@ -31,15 +31,16 @@ void launch_glu(const Ctx& ctx, GluAct act, const float* gate, const float* up, 
 
 // The scores of one token by one warp: lane + 32 i holds expert lane + 32 i (n_experts <= 32 * kPerLane); softmax
 // over all experts in f32 unless topk_softmax (then the raw logits). `l` is read through L2 (__ldcg), so the last
-// block of the kernel that wrote it may call this. Also stores them to ps[0..n_experts) (shared memory).
-template <int kPerLane>
+// block of the kernel that wrote it may call this, or with kShared from this block's shared memory. Also stores
+// them to ps[0..n_experts) (shared memory).
+template <int kPerLane, bool kShared = false>
 __device__ __forceinline__ void warp_router_scores(const float* l, int n_experts, bool topk_softmax,
                                                    float (&sc)[kPerLane], float* ps) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
-    sc[i] = e < n_experts ? __ldcg(l + e) : -INFINITY;
+    sc[i] = e < n_experts ? (kShared ? l[e] : __ldcg(l + e)) : -INFINITY;
   }
   if (!topk_softmax) {
     float mx = -INFINITY;
@@ -101,15 +102,15 @@ struct RouterRankSmem {
 // (kRankThreads / (32 * kPerLane) threads per expert, partial counts added by shuffles), so OLMoE's 64 x 64
 // comparisons take 16 steps per thread instead of 128 in one warp (the one-warp version cost ~9 us of each decode
 // layer as a kernel of its own: one warp's dependent instructions, not the work). Every thread of the block calls
-// it; it starts and ends with a barrier.
-template <int kPerLane>
+// it; it starts and ends with a barrier. kShared: `l` is in this block's shared memory.
+template <int kPerLane, bool kShared = false>
 __device__ __forceinline__ void block_router_topk_n(const float* l, int n_experts, int k, bool topk_softmax,
                                                     bool renormalize, int32_t* idx, float* w, RouterRankSmem& sm) {
   constexpr int kG = kRankThreads / (32 * kPerLane);  // threads per expert
   __syncthreads();                                    // sm may still be read by a previous call
   if (threadIdx.x < 32) {
     float sc[kPerLane];
-    warp_router_scores<kPerLane>(l, n_experts, topk_softmax, sc, sm.ps);
+    warp_router_scores<kPerLane, kShared>(l, n_experts, topk_softmax, sc, sm.ps);
   }
   __syncthreads();
   const int e = threadIdx.x / kG, part = threadIdx.x % kG;

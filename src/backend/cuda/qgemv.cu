@@ -20,7 +20,9 @@ using namespace gemv;
 // w.w 16-byte aligned; dynamic shared memory (in / 32) * kChunkPad floats; every part has the same in.
 // Each warp computes RPW consecutive rows: every x chunk read from shared memory serves RPW rows (one row per warp
 // needs 8 bytes of shared-memory reads per byte of 4-bit weights, more than shared memory delivers at DRAM speed).
-template <int BITS, typename ST, int RPW>
+// SHARE: the block also computes its RouterShare (a.f.share; a variant of its own, so that the plain kernels keep
+// their registers).
+template <int BITS, typename ST, int RPW, bool SHARE = false>
 __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
@@ -65,6 +67,12 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
   }
   float nw[kNormRegs];
   load_norm(a, in, nw);
+  constexpr int kRows = kWarps * RPW;  // the block's rows
+  ShareSmem share{};
+  if constexpr (SHARE) {
+    share = share_smem(xs + n_chunks * kChunkPad, a.f.share.w.out, kRows, a.f.share.w.bits);
+    share_load(a.f.share, pt.block * kRows, kRows, share);
+  }
   pdl_enter();
   stage_chunks(pair_x(a, in, p), in, xs);
   __syncthreads();
@@ -108,16 +116,24 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
 #pragma unroll
     for (int i = 0; i < RPW; ++i) acc[i] = warp_sum(acc[i]);
     if (lane == 0) {
+      float ss = 0.0f;
 #pragma unroll
       for (int i = 0; i < RPW; ++i) {
         const int64_t row = row0 + i;
         if (row < out) {
           float* y = pt.y + p * out + row;
-          *y = a.f.residual ? a.f.residual[p * out + row] + acc[i] : acc[i];  // residual may be y: read first
+          const float v = a.f.residual ? a.f.residual[p * out + row] + acc[i] : acc[i];  // residual may be y
+          *y = v;
+          if constexpr (SHARE) {  // the launch covers whole blocks of rows then (launch_gemv_fused)
+            share.yn[warp * RPW + i] = v * share.norm_w[warp * RPW + i];
+            ss = fmaf(v, v, ss);
+          }
         }
       }
+      if constexpr (SHARE) share.ssq[warp] = ss;
     }
   }
+  if constexpr (SHARE) share_store(a.f.share, kRows, p, blockIdx.x, gridDim.x, share);
   if (a.f.router.k > 0) router_epilogue(a);
 }
 
@@ -169,12 +185,12 @@ void launch(const Ctx& ctx, Kernel kernel, dim3 grid, size_t smem, const Args&..
   launch_k(ctx, kernel, grid, kThreads, smem, args...);
 }
 
-template <int BITS, int RPW>
+template <int BITS, int RPW, bool SHARE = false>
 void launch_quant(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a) {
   switch (a.w[0].stype) {
-    case FloatType::kF32: launch(ctx, qgemv_kernel<BITS, float, RPW>, grid, smem, a); break;
-    case FloatType::kF16: launch(ctx, qgemv_kernel<BITS, __half, RPW>, grid, smem, a); break;
-    case FloatType::kBF16: launch(ctx, qgemv_kernel<BITS, __nv_bfloat16, RPW>, grid, smem, a); break;
+    case FloatType::kF32: launch(ctx, qgemv_kernel<BITS, float, RPW, SHARE>, grid, smem, a); break;
+    case FloatType::kF16: launch(ctx, qgemv_kernel<BITS, __half, RPW, SHARE>, grid, smem, a); break;
+    case FloatType::kBF16: launch(ctx, qgemv_kernel<BITS, __nv_bfloat16, RPW, SHARE>, grid, smem, a); break;
   }
 }
 
@@ -214,6 +230,8 @@ int rows_per_warp(const Ctx& ctx, const GemvArgs& a, int64_t n_pairs, size_t sme
 template <int BITS>
 void launch_quant_rows(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a, int rpw) {
   if constexpr (BITS == 4 || BITS == 8) {
+    if (a.f.share.parts && rpw == 2) return launch_quant<BITS, 2, true>(ctx, grid, smem, a);
+    if (a.f.share.parts) return launch_quant<BITS, 1, true>(ctx, grid, smem, a);
     if (rpw == 2) return launch_quant<BITS, 2>(ctx, grid, smem, a);
     if (rpw == 4) return launch_quant<BITS, 4>(ctx, grid, smem, a);
   }
@@ -223,13 +241,15 @@ void launch_quant_rows(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a
 bool launch_gemv_args(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
   const WeightView& w = a.w[0];
   CUDA_REQUIRE(w.in > 0 && n_pairs > 0 && n_pairs <= 65535, "gemv: bad in / pair count");
-  const bool quant = w.bits != 0;
-  if (quant && launch_gemv_mma(ctx, a, n_pairs)) return true;
-  const size_t smem = quant ? size_t(w.in / kChunk) * kChunkPad * sizeof(float) : size_t(w.in) * sizeof(float);
+  const bool quant = w.bits != 0, share = a.f.share.parts != nullptr;
+  if (quant && !share && launch_gemv_mma(ctx, a, n_pairs)) return true;
+  size_t smem = quant ? size_t(w.in / kChunk) * kChunkPad * sizeof(float) : size_t(w.in) * sizeof(float);
+  if (share) smem += size_t(share_floats(a.f.share.w.out, share_rows(w.in), a.f.share.w.bits)) * 4;
   if (smem > size_t(ctx.max_smem_optin)) return false;  // x does not fit: the tiled kernel takes it
   int rpw = 1;
   if (w.bits == 4) rpw = rows_per_warp<4>(ctx, a, n_pairs, smem);
   if (w.bits == 8) rpw = rows_per_warp<8>(ctx, a, n_pairs, smem);
+  if (share) rpw = share_rows(w.in) / kWarps;  // the caller sized the parts for it
   int64_t blocks = 0;
   for (int i = 0; i < a.n_parts; ++i) {
     CUDA_REQUIRE(a.w[i].in == w.in && a.w[i].bits == w.bits && a.w[i].stype == w.stype && a.w[i].wtype == w.wtype,
@@ -312,6 +332,15 @@ bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span
     CUDA_REQUIRE(f.counter != nullptr && ws[0].out <= kWarpRouterExperts && f.router.k >= 1 && f.router.k <= 32 &&
                      f.router.k <= ws[0].out,
                  "gemv: the router epilogue takes up to 256 experts and k <= min(32, n_experts)");
+  }
+  if (f.share.parts) {
+    const int rows = share_rows(ws[0].in);
+    const RouterShare& s = f.share;
+    CUDA_REQUIRE(ws.size() == 1 && (ws[0].bits == 4 || ws[0].bits == 8) && ws[0].out % rows == 0 &&
+                     s.w.in == ws[0].out && (s.w.bits == 4 || s.w.bits == 8) && s.w.out >= 1 &&
+                     s.w.out <= kWarpRouterExperts && s.w.group_size % rows == 0 && s.w.n_stack == 1,
+                 "gemv: a router share needs one 4/8-bit weight of whole 16-row blocks and a 4/8-bit router over "
+                 "its rows (<= 256 experts, group size a multiple of 16)");
   }
   a.f = f;
   return launch_gemv_args(ctx, a, n_tokens);

@@ -127,6 +127,76 @@ __device__ inline void router_epilogue(const GemvArgs& a) {
   if (threadIdx.x == 0) *a.f.counter = 0u;
 }
 
+// ---- the router share (RouterShare, qmatmul.cuh) of a projection's block of R = kWarps * RPW rows ----
+// Its shared memory after the staged x: the router's packed words of the block's columns (n_experts x W words),
+// their scale and bias, the norm weights and y * norm_w of the block's rows, and the warps' sums of squares.
+struct ShareSmem {
+  uint32_t* words;
+  float *scale, *bias, *norm_w, *yn, *ssq;
+};
+
+__host__ __device__ inline int64_t share_words(int64_t n_experts, int rows, int bits) {
+  return n_experts * rows * bits / 32;
+}
+__host__ __device__ inline int64_t share_floats(int64_t n_experts, int rows, int bits) {
+  return share_words(n_experts, rows, bits) + 2 * n_experts + 2 * rows + kWarps;
+}
+
+__device__ __forceinline__ ShareSmem share_smem(float* base, int64_t n_experts, int rows, int bits) {
+  ShareSmem m;
+  m.words = reinterpret_cast<uint32_t*>(base);
+  m.scale = base + share_words(n_experts, rows, bits);
+  m.bias = m.scale + n_experts;
+  m.norm_w = m.bias + n_experts;
+  m.yn = m.norm_w + rows;
+  m.ssq = m.yn + rows;
+  return m;
+}
+
+// Before the wait: the router's words, scales and biases of columns [r0, r0 + rows) (one group: the group size is
+// a multiple of rows) and the norm weights of those rows, into shared memory (weights only, never written by
+// kernels). The next barrier publishes them.
+__device__ inline void share_load(const RouterShare& s, int64_t r0, int rows, const ShareSmem& m) {
+  const int bits = s.w.bits;
+  const int64_t n_experts = s.w.out, d = s.w.in, per_expert = rows * bits / 32, groups = d / s.w.group_size;
+  const uint32_t* w = static_cast<const uint32_t*>(s.w.w);
+  for (int64_t i = threadIdx.x; i < n_experts * per_expert; i += kThreads) {
+    const int64_t e = i / per_expert;
+    m.words[i] = w[e * (d * bits / 32) + r0 * bits / 32 + i % per_expert];
+  }
+  const int64_t g = r0 / s.w.group_size;
+  for (int64_t e = threadIdx.x; e < n_experts; e += kThreads) {
+    m.scale[e] = load_float(s.w.scales, s.w.stype, e * groups + g);
+    m.bias[e] = s.w.biases ? load_float(s.w.biases, s.w.stype, e * groups + g) : 0.0f;
+  }
+  for (int i = threadIdx.x; i < rows; i += kThreads) m.norm_w[i] = load_float(s.norm_w, s.norm_type, r0 + i);
+}
+
+// After the block's rows are in m.yn (y * norm_w) and m.ssq (per warp): every expert's part of the logits and the
+// block's sum of squares, written to parts[token][block][e] and sumsq[token][block].
+__device__ inline void share_store(const RouterShare& s, int rows, int64_t token, int64_t block, int64_t blocks,
+                                   const ShareSmem& m) {
+  __syncthreads();
+  const int bits = s.w.bits, per_expert = rows * bits / 32;
+  const uint32_t mask = (1u << bits) - 1u;
+  const int64_t n_experts = s.w.out;
+  for (int64_t e = threadIdx.x; e < n_experts; e += kThreads) {
+    float qy = 0.0f, ysum = 0.0f;  // sum_r q[e, r] * yn[r] and sum_r yn[r]: dequantized as scale * qy + bias * ysum
+    for (int r = 0; r < rows; ++r) {
+      const uint32_t word = m.words[e * per_expert + r * bits / 32];
+      const float q = float((word >> ((r * bits) % 32)) & mask);
+      qy = fmaf(q, m.yn[r], qy);
+      ysum += m.yn[r];
+    }
+    s.parts[(token * blocks + block) * n_experts + e] = fmaf(m.scale[e], qy, m.bias[e] * ysum);
+  }
+  if (threadIdx.x == 0) {
+    float ss = 0.0f;
+    for (int w = 0; w < kWarps; ++w) ss += m.ssq[w];
+    s.sumsq[token * blocks + block] = ss;
+  }
+}
+
 // The tensor-core kernel (qgemv_mma.cu) for 4- and 8-bit weights with group size 32, 64 or 128, when x and its
 // working set fit in shared memory. Returns false, launching nothing, otherwise (a.part_end is filled here).
 bool launch_gemv_mma(const Ctx& ctx, GemvArgs& a, int64_t n_pairs);
