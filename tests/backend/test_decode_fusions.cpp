@@ -81,6 +81,60 @@ TEST_F(CudaOps, RmsNormLinearsMatchCpuAndUnfusedCuda) {
   }
 }
 
+// One token of rms_norm_linears through the bulk-copy kernel (MOECEL_CUDA_GEMV_BULK = 2 or 4 rows per warp, with a
+// partial last tile of 8 rows) and through the register-prefetch kernel (0): bit for bit the ops one by one.
+TEST_F(CudaOps, RmsNormLinearsBulkKernelMatchesTheOps) {
+  for (const char* bulk : {"0", "2", "4"}) {
+    setenv("MOECEL_CUDA_GEMV_BULK", bulk, 1);
+    CudaBackend be;
+    unsetenv("MOECEL_CUDA_GEMV_BULK");
+    auto get = [&](const Tensor& t) {
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      be.to_host(t, v.data());
+      return v;
+    };
+    Rng rng(108);
+    const std::vector<NormCase> cases = {
+        {4, 64, DType::kF16, {kHidden, kHidden, kHidden}, kHidden},  // OLMoE q, k, v
+        {8, 32, DType::kBF16, {24, 40}, 512},                        // tiles of 8 rows at the end
+        {4, 128, DType::kF32, {kHidden}, 4096},
+    };
+    for (const NormCase& c : cases) {
+      std::vector<LinearWeight> host_w, dev_w;
+      for (int64_t out : c.outs) {
+        host_w.push_back(make_quant(0, out, c.in, c.bits, c.group_size, c.scale_type, rng));
+        dev_w.push_back(be.to_device(host_w.back()));
+      }
+      Tensor norm = host_random(DType::kBF16, {c.in}, rng, 0.5f, 1.5f);
+      Tensor dnorm = be.to_device(norm), x = host_random(DType::kF32, {1, c.in}, rng, -3.0f, 3.0f);
+      Tensor dx = be.to_device(x);
+      std::vector<Tensor> ys;
+      std::vector<Tensor*> y_ptrs;
+      std::vector<const LinearWeight*> w_ptrs;
+      for (size_t i = 0; i < c.outs.size(); ++i) ys.push_back(be.alloc(DType::kF32, {1, c.outs[i]}));
+      for (size_t i = 0; i < c.outs.size(); ++i) {
+        y_ptrs.push_back(&ys[i]);
+        w_ptrs.push_back(&dev_w[i]);
+      }
+      Tensor xn = be.alloc(DType::kF32, {1, c.in}), uxn = be.alloc(DType::kF32, {1, c.in});
+      be.rms_norm_linears(dx, dnorm, 1e-5f, w_ptrs, y_ptrs, &xn);
+      be.rms_norm(dx, dnorm, 1e-5f, uxn);
+      const std::string what =
+          std::string("bulk ") + bulk + " bits " + std::to_string(c.bits) + " in " + std::to_string(c.in);
+      EXPECT_EQ(get(xn), get(uxn)) << what;
+      Tensor cxn = cpu.alloc(DType::kF32, {1, c.in});
+      cpu.rms_norm(x, norm, 1e-5f, cxn);
+      for (size_t i = 0; i < c.outs.size(); ++i) {
+        Tensor uy = be.alloc(DType::kF32, {1, c.outs[i]}), ref = cpu.alloc(DType::kF32, {1, c.outs[i]});
+        be.linear(dev_w[i], uxn, uy);
+        cpu.linear(host_w[i], cxn, ref);
+        EXPECT_EQ(get(ys[i]), get(uy)) << what << " part " << i;
+        EXPECT_LE(nmse(get(ys[i]), host_vec(ref)), kMatmul) << what << " part " << i;
+      }
+    }
+  }
+}
+
 TEST_F(CudaOps, LinearResidualMatchesLinearThenAdd) {
   Rng rng(102);
   for (int bits : {4, 8}) {

@@ -1,0 +1,127 @@
+// The one-token matrix-vector kernel of a normalized x (OLMoE's q, k and v after the input RMSNorm) fed by bulk
+// copies: each block's weight rows, scales and biases go to shared memory in three copy instructions before the
+// wait for the previous kernel, as the fused kernel B's do. The register-prefetch kernel (qgemv.cu) holds 16 of its
+// 80 registers in weights, so its 384 blocks of q, k and v could not all be resident beside the kernel before it and
+// most loaded their weights after the wait; shared memory holds them with room to spare. Staging, normalization and
+// per-row sums are qgemv_kernel's (qgemv.cuh, fused_moe_dot.cuh): bit for bit its results.
+#include <algorithm>
+
+#include "backend/cuda/fused_moe_bulk.cuh"
+#include "backend/cuda/fused_moe_dot.cuh"
+#include "backend/cuda/qgemv.cuh"
+
+namespace moecel::cuda {
+namespace {
+
+using gemv::GemvArgs;
+using gemv::kThreads;
+constexpr int kWarps = gemv::kWarps;
+
+// Grid: the blocks of every part (kWarps * RPW rows each), one token. Shared memory: the barrier, the block's row
+// tile, x staged. Preconditions (launch_gemv_bulk): bulk_rows_ok for every part; in % 32 == 0.
+template <int BITS, typename ST, int RPW>
+__global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
+  extern __shared__ float4 smem4[];
+  constexpr int kRows = kWarps * RPW;
+  const gemv::Part pt = gemv::block_part(a);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t in = pt.w.in, out = pt.w.out, n_chunks = in / kChunk, r0 = pt.block * kRows;
+  const int n_rows = int(bulk::min64(kRows, out - r0));
+  const int64_t row_bytes = bulk::packed_row_bytes(in, BITS), srow = bulk::scale_row_bytes<ST>(in, pt.w.group_size);
+  auto* bar = reinterpret_cast<uint64_t*>(smem4);
+  unsigned char* base = reinterpret_cast<unsigned char*>(smem4) + bulk::kBarBytes;
+  const bulk::RowTile<BITS, ST> tile{base, row_bytes, srow, n_rows};
+  float* xs = reinterpret_cast<float*>(base + bulk::RowTile<BITS, ST>::bytes(kRows, row_bytes, srow));
+  if (threadIdx.x == 0) mbar_init(bar, 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {  // weights only: before the wait
+    mbar_arrive_expect(bar, unsigned(n_rows * (row_bytes + 2 * srow)));
+    bulk::issue_rows(pt.w, r0, n_rows, tile, bar);
+  }
+  float nw[gemv::kNormRegs];
+  gemv::load_norm(a, in, nw);
+  pdl_enter();
+  stage_chunks(a.x, in, xs);
+  __syncthreads();
+  gemv::normalize_staged(a, in, 0, xs, nw);
+  stage_xsums(xs, n_chunks);
+  __syncthreads();
+  const int64_t row0 = r0 + warp * RPW;
+  if (row0 >= out) return;  // warp 0 always stays: the block outlives its copies
+  const int gshift = __ffs(pt.w.group_size / kChunk) - 1;
+  int lr[RPW];  // the warp's rows in the tile (a row past the end reads the last one; its result is dropped)
+#pragma unroll
+  for (int i = 0; i < RPW; ++i) lr[i] = min(warp * RPW + i, n_rows - 1);
+  float acc[RPW];
+#pragma unroll
+  for (int i = 0; i < RPW; ++i) acc[i] = 0.0f;
+  auto x_of = [&](int) { return xs; };
+  mbar_wait(bar, 0);
+  for (int64_t c = lane; c < n_chunks; c += 32) {
+    const int64_t g = c >> gshift;
+    uint32_t wd[RPW][BITS];
+    float sc[RPW], bi[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+      tile.load(lr[i], c, wd[i]);
+      sc[i] = tile.scale(lr[i], g);
+      bi[i] = tile.bias(lr[i], g);
+    }
+    dot_step<BITS, RPW, true>(wd, sc, bi, c, x_of, acc);
+  }
+#pragma unroll
+  for (int i = 0; i < RPW; ++i) acc[i] = warp_sum(acc[i]);
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < RPW; ++i)
+      if (row0 + i < out) pt.y[row0 + i] = acc[i];
+  }
+}
+
+template <int BITS, int RPW>
+void launch_rows(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a) {
+  switch (a.w[0].stype) {
+    case FloatType::kF32: launch_k(ctx, gemv_bulk_kernel<BITS, float, RPW>, grid, kThreads, smem, a); break;
+    case FloatType::kF16: launch_k(ctx, gemv_bulk_kernel<BITS, __half, RPW>, grid, kThreads, smem, a); break;
+    case FloatType::kBF16: launch_k(ctx, gemv_bulk_kernel<BITS, __nv_bfloat16, RPW>, grid, kThreads, smem, a); break;
+  }
+}
+
+}  // namespace
+
+bool gemv::launch_gemv_bulk(const Ctx& ctx, GemvArgs& a) {
+  const int rpw = ctx.gemv_bulk;
+  if (rpw == 0 || !a.f.norm_w || a.f.residual || a.f.router.k > 0 || a.f.share.parts || a.map.indices) return false;
+  const WeightView& w = a.w[0];
+  if (w.bits != 4 && w.bits != 8) return false;
+  for (int i = 0; i < a.n_parts; ++i) {
+    const WeightView& v = a.w[i];
+    if (v.in != w.in || v.bits != w.bits || v.stype != w.stype || v.group_size != w.group_size || !v.biases ||
+        v.n_stack != 1 || v.out % 8 != 0 || !bulk::bulk_rows_ok(v) || reinterpret_cast<uintptr_t>(v.w) % 16 != 0 ||
+        decode_mma_applies(ctx, v)) {
+      return false;
+    }
+  }
+  const int rows = kWarps * rpw;
+  const size_t smem =
+      bulk::kBarBytes +
+      size_t(bulk::RowTile<4, float>::bytes(rows, bulk::packed_row_bytes(w.in, w.bits), bulk::scale_row_bytes_of(w))) +
+      bulk::staged_floats_bytes(w.in);
+  if (w.in % kChunk != 0 || smem > size_t(ctx.max_smem_optin)) return false;
+  int64_t blocks = 0;
+  for (int i = 0; i < a.n_parts; ++i) {
+    blocks += (a.w[i].out + rows - 1) / rows;
+    a.part_end[i] = unsigned(blocks);
+  }
+  if (blocks == 0) return true;
+  CUDA_REQUIRE(blocks < (int64_t(1) << 31), "gemv_bulk: too many output rows");
+  const dim3 grid{unsigned(blocks), 1u};
+  if (w.bits == 4) {
+    rpw == 4 ? launch_rows<4, 4>(ctx, grid, smem, a) : launch_rows<4, 2>(ctx, grid, smem, a);
+  } else {
+    rpw == 4 ? launch_rows<8, 4>(ctx, grid, smem, a) : launch_rows<8, 2>(ctx, grid, smem, a);
+  }
+  return true;
+}
+
+}  // namespace moecel::cuda
