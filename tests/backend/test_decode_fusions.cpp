@@ -135,6 +135,52 @@ TEST_F(CudaOps, RmsNormLinearsBulkKernelMatchesTheOps) {
   }
 }
 
+// The gather products of a decode step through the bulk-copy kernel (MOECEL_CUDA_GEMV_BULK_GATHER = 2 or 4) and
+// through the register-prefetch kernel (0): bit for bit the same, within the CPU's rounding, and a bad expert index
+// still gives NaN rows.
+TEST_F(CudaOps, GatherLinearBulkKernelMatchesTheOthers) {
+  Rng rng(109);
+  struct Case {
+    int bits, group_size;
+    DType stype;
+    int64_t out, in;
+    bool per_slot;  // x one row per slot (the down projection) or shared by the slots
+  };
+  const std::vector<Case> cases = {{4, 64, DType::kF16, kFfn, kHidden, false},  // OLMoE gate / up
+                                   {4, 64, DType::kBF16, kHidden, kFfn, true},  // OLMoE down
+                                   {8, 32, DType::kF32, 40, 256, false}};       // tiles of 8 rows at the end
+  for (const Case& c : cases) {
+    const LinearWeight w = make_quant(kExperts, c.out, c.in, c.bits, c.group_size, c.stype, rng);
+    Tensor x = host_random(DType::kF32, c.per_slot ? Shape{1, kTopK, c.in} : Shape{1, c.in}, rng);
+    const std::vector<int32_t> ids = {3, 60, 7, 0, 63, 12, 33, 5};
+    Tensor idx = host_i32({1, kTopK}, ids);
+    Tensor ref = cpu.alloc(DType::kF32, {1, kTopK, c.out});
+    cpu.gather_linear(w, x, idx, ref);
+    std::vector<std::vector<float>> got;
+    for (const char* bulk : {"0", "2", "4"}) {
+      setenv("MOECEL_CUDA_GEMV_BULK_GATHER", bulk, 1);
+      CudaBackend be;
+      unsetenv("MOECEL_CUDA_GEMV_BULK_GATHER");
+      const LinearWeight dw = be.to_device(w);
+      Tensor y = be.alloc(DType::kF32, {1, kTopK, c.out});
+      be.gather_linear(dw, be.to_device(x), be.to_device(idx), y);
+      std::vector<float> v(static_cast<size_t>(y.numel()));
+      be.to_host(y, v.data());
+      EXPECT_LE(nmse(v, host_vec(ref)), kMatmul) << "bulk " << bulk << " out " << c.out;
+      got.push_back(v);
+      // An expert index out of range: NaN rows for its slot and the error raised at the next synchronize.
+      std::vector<int32_t> bad = ids;
+      bad[2] = kExperts;
+      be.gather_linear(dw, be.to_device(x), be.to_device(host_i32({1, kTopK}, bad)), y);
+      EXPECT_THROW(be.synchronize(), Error) << "bulk " << bulk;
+      be.to_host(y, v.data());
+      EXPECT_TRUE(std::isnan(v[size_t(2 * c.out)])) << "bulk " << bulk;
+    }
+    EXPECT_EQ(got[1], got[0]) << "out " << c.out;
+    EXPECT_EQ(got[2], got[0]) << "out " << c.out;
+  }
+}
+
 TEST_F(CudaOps, LinearResidualMatchesLinearThenAdd) {
   Rng rng(102);
   for (int bits : {4, 8}) {

@@ -128,6 +128,7 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   impl_->ctx.pdl = knob_from_env("MOECEL_CUDA_PDL", 1, {0, 1}) == 1;
   impl_->ctx.gemv_rows = knob_from_env("MOECEL_CUDA_GEMV_ROWS", 0, {0, 1, 2, 4});
   impl_->ctx.gemv_bulk = knob_from_env("MOECEL_CUDA_GEMV_BULK", 2, {0, 2, 4});
+  impl_->ctx.gemv_bulk_gather = knob_from_env("MOECEL_CUDA_GEMV_BULK_GATHER", 2, {0, 2, 4});
   impl_->ctx.extra_launches = knob_from_env("MOECEL_CUDA_EXTRA_LAUNCHES", 0, {0, 1, 2, 4});
   impl_->ctx.skip = std::getenv("MOECEL_CUDA_SKIP");  // "list" prints every launch (name, grid) instead
   // Tensor-core matrix-vector kernels (gemv_mma.cuh): by default only for the vocabulary projection; 1 for every

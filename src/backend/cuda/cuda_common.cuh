@@ -41,6 +41,8 @@ struct Ctx {
   // Rows per warp of the bulk-copy matrix-vector kernel for a normalized decode x (gemv_bulk.cu), the one-token
   // rms_norm_linears (q, k, v) with 4-/8-bit weights; 0 = off (MOECEL_CUDA_GEMV_BULK: 0, 2 or 4).
   int gemv_bulk = 2;
+  // The same kernel for the gather path's expert products (MOECEL_CUDA_GEMV_BULK_GATHER: 0, 2 or 4).
+  int gemv_bulk_gather = 2;
   int extra_launches = 0;  // MOECEL_CUDA_EXTRA_LAUNCHES (measurement only)
   // MOECEL_CUDA_SKIP (measurement only): kernels to replace by an empty one, "name[:grid_x],...", to measure what
   // each costs a decode step (their outputs keep the previous step's values).

@@ -1,9 +1,11 @@
-// The one-token matrix-vector kernel of a normalized x (OLMoE's q, k and v after the input RMSNorm) fed by bulk
-// copies: each block's weight rows, scales and biases go to shared memory in three copy instructions before the
-// wait for the previous kernel, as the fused kernel B's do. The register-prefetch kernel (qgemv.cu) holds 16 of its
-// 80 registers in weights, so its 384 blocks of q, k and v could not all be resident beside the kernel before it and
-// most loaded their weights after the wait; shared memory holds them with room to spare. Staging, normalization and
-// per-row sums are qgemv_kernel's (qgemv.cuh, fused_moe_dot.cuh): bit for bit its results.
+// The matrix-vector kernel of one normalized token (OLMoE's q, k and v after the input RMSNorm) or of the gather
+// path's expert pairs, fed by bulk copies: each block's weight rows, scales and biases go to shared memory in three
+// copy instructions before the wait for the previous kernel, as the fused kernel B's do. The register-prefetch kernel
+// (qgemv.cu) holds 16 of its 80 registers in weights, so its 384 blocks of q, k and v could not all be resident beside
+// the kernel before it and most loaded their weights after the wait; shared memory holds them with room to spare. The
+// gather products (the experts are known only after the wait) get the same one-wave grid: 64 registers, 4 blocks per
+// SM. Staging, normalization and per-row sums are qgemv_kernel's (qgemv.cuh, fused_moe_dot.cuh): bit for bit its
+// results.
 #include <algorithm>
 
 #include "backend/cuda/fused_moe_bulk.cuh"
@@ -17,15 +19,17 @@ using gemv::GemvArgs;
 using gemv::kThreads;
 constexpr int kWarps = gemv::kWarps;
 
-// Grid: the blocks of every part (kWarps * RPW rows each), one token. Shared memory: the barrier, the block's row
-// tile, x staged. Preconditions (launch_gemv_bulk): bulk_rows_ok for every part; in % 32 == 0.
+// Grid (the blocks of every part, kWarps * RPW rows each; pairs). Pair p reads expert map.indices[p] when given (the
+// copies then wait for the kernel that wrote the indices; else they go out before the wait). Shared memory: the
+// barrier, the block's row tile, x staged. Preconditions (launch_gemv_bulk): bulk_rows_ok for every part;
+// in % 32 == 0.
 template <int BITS, typename ST, int RPW>
 __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   extern __shared__ float4 smem4[];
   constexpr int kRows = kWarps * RPW;
   const gemv::Part pt = gemv::block_part(a);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t in = pt.w.in, out = pt.w.out, n_chunks = in / kChunk, r0 = pt.block * kRows;
+  const int64_t p = blockIdx.y, in = pt.w.in, out = pt.w.out, n_chunks = in / kChunk, r0 = pt.block * kRows;
   const int n_rows = int(bulk::min64(kRows, out - r0));
   const int64_t row_bytes = bulk::packed_row_bytes(in, BITS), srow = bulk::scale_row_bytes<ST>(in, pt.w.group_size);
   auto* bar = reinterpret_cast<uint64_t*>(smem4);
@@ -34,16 +38,22 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   float* xs = reinterpret_cast<float*>(base + bulk::RowTile<BITS, ST>::bytes(kRows, row_bytes, srow));
   if (threadIdx.x == 0) mbar_init(bar, 1);
   __syncthreads();
-  if (threadIdx.x == 0) {  // weights only: before the wait
+  int64_t expert = 0;
+  if (a.map.indices) {
+    pdl_enter();
+    expert = gemv::pair_expert(a, pt, p, RPW);
+    if (expert < 0) return;  // uniform; no copy was issued
+  }
+  if (threadIdx.x == 0) {  // weights only: before the wait where the rows are known
     mbar_arrive_expect(bar, unsigned(n_rows * (row_bytes + 2 * srow)));
-    bulk::issue_rows(pt.w, r0, n_rows, tile, bar);
+    bulk::issue_rows(pt.w, expert * out + r0, n_rows, tile, bar);
   }
   float nw[gemv::kNormRegs];
   gemv::load_norm(a, in, nw);
-  pdl_enter();
-  stage_chunks(a.x, in, xs);
+  if (!a.map.indices) pdl_enter();
+  stage_chunks(gemv::pair_x(a, in, p), in, xs);
   __syncthreads();
-  gemv::normalize_staged(a, in, 0, xs, nw);
+  if (a.f.norm_w) gemv::normalize_staged(a, in, p, xs, nw);
   stage_xsums(xs, n_chunks);
   __syncthreads();
   const int64_t row0 = r0 + warp * RPW;
@@ -74,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   if (lane == 0) {
 #pragma unroll
     for (int i = 0; i < RPW; ++i)
-      if (row0 + i < out) pt.y[row0 + i] = acc[i];
+      if (row0 + i < out) pt.y[p * out + row0 + i] = acc[i];
   }
 }
 
@@ -89,16 +99,20 @@ void launch_rows(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a) {
 
 }  // namespace
 
-bool gemv::launch_gemv_bulk(const Ctx& ctx, GemvArgs& a) {
-  const int rpw = ctx.gemv_bulk;
-  if (rpw == 0 || !a.f.norm_w || a.f.residual || a.f.router.k > 0 || a.f.share.parts || a.map.indices) return false;
+bool gemv::launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
+  const bool gather = a.map.indices != nullptr;
+  const int rpw = gather ? ctx.gemv_bulk_gather : ctx.gemv_bulk;
+  if (rpw == 0 || a.f.residual || a.f.router.k > 0 || a.f.share.parts || (gather == (a.f.norm_w != nullptr)) ||
+      n_pairs < 1 || n_pairs > (gather ? 65535 : 1)) {
+    return false;
+  }
   const WeightView& w = a.w[0];
   if (w.bits != 4 && w.bits != 8) return false;
   for (int i = 0; i < a.n_parts; ++i) {
     const WeightView& v = a.w[i];
     if (v.in != w.in || v.bits != w.bits || v.stype != w.stype || v.group_size != w.group_size || !v.biases ||
-        v.n_stack != 1 || v.out % 8 != 0 || !bulk::bulk_rows_ok(v) || reinterpret_cast<uintptr_t>(v.w) % 16 != 0 ||
-        decode_mma_applies(ctx, v)) {
+        (v.n_stack != 1 && !gather) || v.out % 8 != 0 || !bulk::bulk_rows_ok(v) ||
+        reinterpret_cast<uintptr_t>(v.w) % 16 != 0 || decode_mma_applies(ctx, v)) {
       return false;
     }
   }
@@ -115,7 +129,7 @@ bool gemv::launch_gemv_bulk(const Ctx& ctx, GemvArgs& a) {
   }
   if (blocks == 0) return true;
   CUDA_REQUIRE(blocks < (int64_t(1) << 31), "gemv_bulk: too many output rows");
-  const dim3 grid{unsigned(blocks), 1u};
+  const dim3 grid{unsigned(blocks), unsigned(n_pairs)};
   if (w.bits == 4) {
     rpw == 4 ? launch_rows<4, 4>(ctx, grid, smem, a) : launch_rows<4, 2>(ctx, grid, smem, a);
   } else {

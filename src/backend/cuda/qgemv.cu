@@ -241,6 +241,7 @@ void launch_quant_rows(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a
 bool launch_gemv_args(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
   const WeightView& w = a.w[0];
   CUDA_REQUIRE(w.in > 0 && n_pairs > 0 && n_pairs <= 65535, "gemv: bad in / pair count");
+  if (a.map.indices && w.bits != 0 && launch_gemv_bulk(ctx, a, n_pairs)) return true;
   const bool quant = w.bits != 0, share = a.f.share.parts != nullptr;
   if (quant && !share && launch_gemv_mma(ctx, a, n_pairs)) return true;
   size_t smem = quant ? size_t(w.in / kChunk) * kChunkPad * sizeof(float) : size_t(w.in) * sizeof(float);
@@ -343,7 +344,7 @@ bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span
                  "its rows (<= 256 experts, group size a multiple of 16)");
   }
   a.f = f;
-  if (n_tokens == 1 && launch_gemv_bulk(ctx, a)) return true;
+  if (n_tokens == 1 && launch_gemv_bulk(ctx, a, 1)) return true;
   return launch_gemv_args(ctx, a, n_tokens);
 }
 

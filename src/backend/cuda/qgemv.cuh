@@ -197,10 +197,11 @@ __device__ inline void share_store(const RouterShare& s, int rows, int64_t token
   }
 }
 
-// The bulk-copy kernel (gemv_bulk.cu) for one token of a normalized x (a.f.norm_w set, no residual, router or
-// share) and 4-/8-bit weights whose rows can be bulk-copied, when Ctx::gemv_bulk is on: each block's rows go to
-// shared memory before the wait, bit for bit qgemv_kernel's sums. Returns false, launching nothing, otherwise.
-bool launch_gemv_bulk(const Ctx& ctx, GemvArgs& a);
+// The bulk-copy kernel (gemv_bulk.cu) for 4-/8-bit weights whose rows can be bulk-copied: one token of a normalized x
+// (a.f.norm_w set, no residual, router or share) when Ctx::gemv_bulk is on, or gather pairs (a.map.indices, no
+// fusion) when Ctx::gemv_bulk_gather is; each block's rows go to shared memory, bit for bit qgemv_kernel's sums.
+// Returns false, launching nothing, otherwise.
+bool launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs);
 
 // The tensor-core kernel (qgemv_mma.cu) for 4- and 8-bit weights with group size 32, 64 or 128, when x and its
 // working set fit in shared memory. Returns false, launching nothing, otherwise (a.part_end is filled here).
