@@ -22,6 +22,14 @@ std::vector<int32_t> host_i32_vec(const Tensor& t) {
   return v;
 }
 
+// A tensor of backend `be` copied to the host.
+template <class T>
+std::vector<T> dev_vec(CudaBackend& be, const Tensor& t) {
+  std::vector<T> v(static_cast<size_t>(t.numel()));
+  be.to_host(t, v.data());
+  return v;
+}
+
 struct NormCase {
   int bits, group_size;
   DType scale_type;
@@ -88,11 +96,7 @@ TEST_F(CudaOps, RmsNormLinearsBulkKernelMatchesTheOps) {
     setenv("MOECEL_CUDA_GEMV_BULK", bulk, 1);
     CudaBackend be;
     unsetenv("MOECEL_CUDA_GEMV_BULK");
-    auto get = [&](const Tensor& t) {
-      std::vector<float> v(static_cast<size_t>(t.numel()));
-      be.to_host(t, v.data());
-      return v;
-    };
+    auto get = [&](const Tensor& t) { return dev_vec<float>(be, t); };
     Rng rng(108);
     const std::vector<NormCase> cases = {
         {4, 64, DType::kF16, {kHidden, kHidden, kHidden}, kHidden},  // OLMoE q, k, v
@@ -220,16 +224,8 @@ TEST_F(CudaOps, RmsNormRouterMatchesTheOpsOneByOne) {
     setenv("MOECEL_CUDA_FUSIONS", fusions, 1);
     CudaBackend be;
     unsetenv("MOECEL_CUDA_FUSIONS");
-    auto get = [&](const Tensor& t) {
-      std::vector<float> v(static_cast<size_t>(t.numel()));
-      be.to_host(t, v.data());
-      return v;
-    };
-    auto get_i = [&](const Tensor& t) {
-      std::vector<int32_t> v(static_cast<size_t>(t.numel()));
-      be.to_host(t, v.data());
-      return v;
-    };
+    auto get = [&](const Tensor& t) { return dev_vec<float>(be, t); };
+    auto get_i = [&](const Tensor& t) { return dev_vec<int32_t>(be, t); };
     Rng rng(103);
     for (const Case& c : {Case{kExperts, int(kTopK), RouterScoring::kSoftmax, false, 4},  // olmoe
                           Case{128, 8, RouterScoring::kSoftmax, true, 8},                 // qwen3_moe (8-bit router)
@@ -290,16 +286,8 @@ TEST_F(CudaOps, LinearResidualNormRouterMatchesTheOps) {
     setenv("MOECEL_CUDA_ROUTER_SHARE", share, 1);
     CudaBackend be;
     unsetenv("MOECEL_CUDA_ROUTER_SHARE");
-    auto get = [&](const Tensor& t) {
-      std::vector<float> v(static_cast<size_t>(t.numel()));
-      be.to_host(t, v.data());
-      return v;
-    };
-    auto get_i = [&](const Tensor& t) {
-      std::vector<int32_t> v(static_cast<size_t>(t.numel()));
-      be.to_host(t, v.data());
-      return v;
-    };
+    auto get = [&](const Tensor& t) { return dev_vec<float>(be, t); };
+    auto get_i = [&](const Tensor& t) { return dev_vec<int32_t>(be, t); };
     Rng rng(107);
     const RouterScoring kSm = RouterScoring::kSoftmax;
     for (const Case& c : {Case{kExperts, int(kTopK), kSm, false, 4, 4, 64, kHidden, DType::kBF16, true},  // olmoe

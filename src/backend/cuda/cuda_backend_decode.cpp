@@ -104,6 +104,21 @@ cuda::GemvFusion norm_fusion(const Tensor& norm_weight, float eps, int64_t d) {
   return f;
 }
 
+// The outputs of a router launch for n tokens of width d: xn (n, d), logits (n, n_experts) F32 and the top-k's
+// indices (I32) and weights (n, k) on the device.
+void check_router_outputs(int64_t n, int64_t d, int64_t n_experts, int k, const Tensor& xn, const Tensor& logits,
+                          const Tensor& indices, const Tensor& weights) {
+  check_f32(xn, "router normalized input");
+  check_f32(logits, "router logits");
+  check_f32(weights, "router weights");
+  check_dev(indices, "router indices");
+  MOECEL_CHECK(indices.dtype == DType::kI32, "router: indices must be I32, got {}", dtype_name(indices.dtype));
+  check_rows(xn, n, d, "router normalized input");
+  check_rows(logits, n, n_experts, "router logits");
+  check_rows(indices, n, k, "router indices");
+  check_rows(weights, n, k, "router weights");
+}
+
 // The device views of a fused launch's weights and outputs, checked: ys[i] (n, ws[i]->out), not overlapping `input`.
 void linear_views(std::span<const LinearWeight* const> ws, std::span<Tensor* const> ys, int64_t n, const Tensor& input,
                   cuda::WeightView* views, float** outs) {
@@ -193,15 +208,7 @@ void CudaBackend::rms_norm_router(const Tensor& x, const Tensor& norm_weight, fl
   }
   const int64_t n = x.numel() / d;
   check_f32(x, "router input");
-  check_f32(xn, "router normalized input");
-  check_f32(logits, "router logits");
-  check_f32(weights, "router weights");
-  check_dev(indices, "router indices");
-  MOECEL_CHECK(indices.dtype == DType::kI32, "router: indices must be I32, got {}", dtype_name(indices.dtype));
-  check_rows(xn, n, d, "router normalized input");
-  check_rows(logits, n, n_experts, "router logits");
-  check_rows(indices, n, k, "router indices");
-  check_rows(weights, n, k, "router weights");
+  check_router_outputs(n, d, n_experts, k, xn, logits, indices, weights);
   check_no_overlap(x, xn, "rms_norm_router");
   check_no_overlap(x, logits, "rms_norm_router");
   const cuda::WeightView v = weight_view(router, "router");
@@ -250,16 +257,9 @@ void CudaBackend::linear_residual_norm_router(const LinearWeight& w, const Tenso
   check_f32(residual, "linear residual");
   check_rows(residual, n, d, w.name.c_str());
   check_no_overlap(x, residual, "linear_residual_norm_router");
-  check_f32(xn, "router normalized input");
-  check_f32(logits, "router logits");
-  check_f32(weights, "router weights");
-  check_dev(indices, "router indices");
-  MOECEL_CHECK(indices.dtype == DType::kI32, "router: indices must be I32, got {}", dtype_name(indices.dtype));
-  check_rows(xn, n, d, "router normalized input");
-  check_rows(logits, n, n_experts, "router logits");
-  check_rows(indices, n, k, "router indices");
-  check_rows(weights, n, k, "router weights");
+  check_router_outputs(n, d, n_experts, k, xn, logits, indices, weights);
   check_no_overlap(residual, xn, "linear_residual_norm_router");
+  check_no_overlap(residual, logits, "linear_residual_norm_router");
   const int64_t blocks = d / rows;
   const std::shared_ptr<void> buf = impl_->scratch(size_t(n * blocks * (n_experts + 1)) * sizeof(float));
   float* parts = static_cast<float*>(buf.get());  // (n, blocks, n_experts), then sumsq (n, blocks)
