@@ -3,9 +3,9 @@
 // copy instructions before the wait for the previous kernel, as the fused kernel B's do. The register-prefetch kernel
 // (qgemv.cu) holds 16 of its 80 registers in weights, so its 384 blocks of q, k and v could not all be resident beside
 // the kernel before it and most loaded their weights after the wait; shared memory holds them with room to spare. The
-// gather products (the experts are known only after the wait) get the same one-wave grid: 64 registers, 4 blocks per
-// SM. Staging, normalization and per-row sums are qgemv_kernel's (qgemv.cuh, fused_moe_dot.cuh): bit for bit its
-// results.
+// gather products (the experts are known only after the wait) use it too: 64 registers, 4 blocks per SM, a block's
+// rows in flight at once. Staging, normalization and per-row sums are qgemv_kernel's (qgemv.cuh, fused_moe_dot.cuh):
+// bit for bit its results.
 #include <algorithm>
 
 #include "backend/cuda/fused_moe_bulk.cuh"
