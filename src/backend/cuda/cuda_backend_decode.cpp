@@ -263,8 +263,8 @@ void CudaBackend::linear_residual_norm_router(const LinearWeight& w, const Tenso
   const int64_t blocks = d / rows;
   const std::shared_ptr<void> buf = impl_->scratch(size_t(n * blocks * (n_experts + 1)) * sizeof(float));
   float* parts = static_cast<float*>(buf.get());  // (n, blocks, n_experts), then sumsq (n, blocks)
-  cuda::GemvFusion f = norm_fusion(norm_weight, eps, d);
-  f.norm_w = nullptr;  // the norm belongs to the router here, not to the projection's input
+  check_dev(norm_weight, "rms_norm weight");      // the norm belongs to the router here, not to the projection's input
+  cuda::GemvFusion f;
   f.residual = residual.ptr<float>();
   f.share.w = rv;
   f.share.norm_w = norm_weight.data;
