@@ -121,4 +121,19 @@ class CudaOps : public ::testing::Test {
   static inline std::unique_ptr<CudaBackend> backend_;  // one device context for the whole binary
 };
 
+// A host F32 tensor's values.
+inline std::vector<float> host_vec(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.data, t.nbytes());
+  return v;
+}
+
+// A tensor of backend `be` copied to the host.
+template <class T>
+std::vector<T> dev_vec(CudaBackend& be, const Tensor& t) {
+  std::vector<T> v(static_cast<size_t>(t.numel()));
+  be.to_host(t, v.data());
+  return v;
+}
+
 }  // namespace moecel::ops_test

@@ -10,23 +10,9 @@
 namespace moecel::ops_test {
 namespace {
 
-std::vector<float> host_vec(const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  std::memcpy(v.data(), t.data, t.nbytes());
-  return v;
-}
-
 std::vector<int32_t> host_i32_vec(const Tensor& t) {
   std::vector<int32_t> v(static_cast<size_t>(t.numel()));
   std::memcpy(v.data(), t.data, t.nbytes());
-  return v;
-}
-
-// A tensor of backend `be` copied to the host.
-template <class T>
-std::vector<T> dev_vec(CudaBackend& be, const Tensor& t) {
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  be.to_host(t, v.data());
   return v;
 }
 
@@ -270,7 +256,8 @@ TEST_F(CudaOps, RmsNormRouterMatchesTheOpsOneByOne) {
 // The o projection with the router's product in its blocks (MOECEL_CUDA_ROUTER_SHARE=1, the default) and one
 // launch for the logits, xn and top-k: the residual bit for bit linear_residual's, the rest within f32 rounding of
 // the ops one by one (the norm's factor is applied after the sum) and of the CPU; with the knob off, bit for bit
-// the ops one by one. Cases beyond its limits (more than 8192 parts, 300 experts, a 6-bit router) take the ops.
+// the ops one by one. Cases beyond its limits (more than 8192 parts, 300 experts, a 6-bit router) take the ops. A
+// token of zeros (every logit ties) or of NaN selects the lowest expert indices in order.
 TEST_F(CudaOps, LinearResidualNormRouterMatchesTheOps) {
   struct Case {
     int64_t n_experts;
@@ -302,12 +289,20 @@ TEST_F(CudaOps, LinearResidualNormRouterMatchesTheOps) {
       const LinearWeight dov = be.to_device(o), drv = be.to_device(r);
       Tensor norm = host_random(DType::kBF16, {kHidden}, rng, 0.5f, 1.5f);
       Tensor dnorm = be.to_device(norm);
-      for (int64_t n : {1, 4, 9}) {
-        const std::string what = std::string("share ") + share + " experts " + std::to_string(c.n_experts) +
-                                 " router bits " + std::to_string(c.r_bits) + " o in " + std::to_string(c.o_in) +
-                                 " n " + std::to_string(n);
+      for (int64_t n : {1, 4, 9, 0, -1}) {
+        const float flat = n == 0 ? 0.0f : NAN;  // n 0 / -1: one token of zeros (all logits tie) or of NaN
+        const bool special = n <= 0;
+        if (special) n = 1;
+        const std::string key = "experts " + std::to_string(c.n_experts) + " router bits " + std::to_string(c.r_bits) +
+                                " o in " + std::to_string(c.o_in) + " n " + std::to_string(n) +
+                                (special ? std::to_string(flat) : "");
+        const std::string what = std::string("share ") + share + " " + key;
         Tensor att = host_random(DType::kF32, {n, c.o_in}, rng);
         Tensor res = host_random(DType::kF32, {n, kHidden}, rng, -3.0f, 3.0f);
+        if (special) {
+          std::fill_n(att.ptr<float>(), att.numel(), 0.0f);
+          std::fill_n(res.ptr<float>(), res.numel(), flat);
+        }
         Tensor datt = be.to_device(att);
         Tensor x = be.to_device(res), ux = be.to_device(res);
         Tensor xn = be.alloc(DType::kF32, {n, kHidden}), logits = be.alloc(DType::kF32, {n, c.n_experts});
@@ -317,9 +312,20 @@ TEST_F(CudaOps, LinearResidualNormRouterMatchesTheOps) {
         Tensor uidx = be.alloc(DType::kI32, {n, c.k}), uwts = be.alloc(DType::kF32, {n, c.k});
         be.linear_residual(dov, datt, ux);
         be.rms_norm_router(ux, dnorm, 1e-5f, drv, c.scoring, c.k, c.renorm, uxn, ulogits, uidx, uwts);
-        EXPECT_EQ(get(x), get(ux)) << what << ": the residual differs from linear_residual's";
+        const std::vector<float> xv = get(x), uxv = get(ux);  // bytes: the NaN case's values compare unequal
+        EXPECT_EQ(0, std::memcmp(xv.data(), uxv.data(), xv.size() * 4)) << what << ": the residual differs";
         const bool fused = share[0] == '1' && c.shared && n <= 4;
-        if (fused) {
+        const std::vector<int32_t> ids = get_i(idx);
+        if (special) {  // every logit ties (or is NaN: ranked after every number, by index): the lowest indices
+          std::vector<int32_t> first(size_t(c.k));
+          std::iota(first.begin(), first.end(), 0);
+          EXPECT_EQ(ids, first) << what;
+          if (std::isnan(flat)) {  // NaN values compare unequal: the indices are the check
+            EXPECT_EQ(ids, get_i(uidx)) << what;
+            continue;
+          }
+        }
+        if (fused && !special) {
           EXPECT_LE(nmse(get(xn), get(uxn)), kElementwise) << what;
           EXPECT_LE(nmse(get(logits), get(ulogits)), kMatmul) << what;
           // The other order of rounding shows in some logit: proof that the share ran.

@@ -1,5 +1,5 @@
 // CudaBackend::gather_glu (gate and up in one tensor-core launch with the activation in its epilogue; at decode token
-// counts, gate and up in one matrix-vector launch, then the activation) against the ops it replaces on the same
+// counts, gate, up and the activation in one bulk-copy matrix-vector launch) against the ops it replaces on the same
 // device (bit for bit) and against the CPU oracle; its fallbacks and bad expert indices.
 #include "backend_ops_common.h"
 
@@ -89,6 +89,46 @@ TEST_F(CudaOps, GatherGluFallsBack) {
     const std::vector<float> g = down(got), o = down(glu_by_ops(cu(), dg, du, c.act, dx, didx));
     unsetenv("MOECEL_CUDA_MMA");
     EXPECT_EQ(0, std::memcmp(g.data(), o.data(), g.size() * 4)) << "MOECEL_CUDA_MMA=" << mode;
+  }
+}
+
+// At decode token counts the bulk-copy kernel computes gate and up and writes act(gate) * up
+// (MOECEL_CUDA_GATHER_GLU=1, the default) at 2 or 4 rows per warp: bit for bit the gather products and the glu
+// launch, within the matrix-product threshold of the CPU; a bad expert index gives NaN rows and the error.
+TEST_F(CudaOps, GatherGluDecodeEpilogueMatchesTheOps) {
+  Rng rng(304);
+  for (const char* rows : {"2", "4"}) {
+    setenv("MOECEL_CUDA_GEMV_BULK_GATHER", rows, 1);
+    CudaBackend be;
+    unsetenv("MOECEL_CUDA_GEMV_BULK_GATHER");
+    const Case cases[] = {{4, 64, DType::kF16, kExperts, kFfn, kHidden, kTopK, 1, Activation::kSiLU},
+                          {4, 64, DType::kBF16, kExperts, kFfn, kHidden, kTopK, 3, Activation::kSiLU},
+                          {8, 32, DType::kF32, 5, 200, 96, 3, 1, Activation::kGeLU},  // a last tile of 8 rows
+                          {4, 128, DType::kF16, 6, 64, 256, 2, 2, Activation::kReLU2}};
+    for (const Case& c : cases) {
+      const std::string what = std::string("rows per warp ") + rows + " bits " + std::to_string(c.bits) + " ffn " +
+                               std::to_string(c.ffn) + " n " + std::to_string(c.n);
+      const LinearWeight gate = make_quant(c.experts, c.ffn, c.hidden, c.bits, c.group_size, c.sdtype, rng);
+      const LinearWeight up = make_quant(c.experts, c.ffn, c.hidden, c.bits, c.group_size, c.sdtype, rng);
+      Tensor x = host_random(DType::kF32, {c.n, c.hidden}, rng);
+      std::vector<int32_t> ids = random_experts(c.n, c.k, c.experts, rng);
+      Tensor ref = cpu.alloc(DType::kF32, {c.n, c.k, c.ffn});
+      cpu.gather_glu(gate, up, c.act, x, host_i32({c.n, c.k}, ids), ref);
+      const LinearWeight dg = be.to_device(gate), du = be.to_device(up);
+      const Tensor dx = be.to_device(x), didx = be.to_device(host_i32({c.n, c.k}, ids));
+      Tensor got = be.alloc(DType::kF32, {c.n, c.k, c.ffn});
+      be.gather_glu(dg, du, c.act, dx, didx, got);
+      const std::vector<float> g = dev_vec<float>(be, got),
+                               o = dev_vec<float>(be, glu_by_ops(be, dg, du, c.act, dx, didx));
+      EXPECT_EQ(0, std::memcmp(g.data(), o.data(), g.size() * 4)) << what << ": differs from the products + glu";
+      EXPECT_LE(nmse(g, host_vec(ref)), kMatmul) << what << " against the CPU";
+      ids[1] = int32_t(c.experts);  // slot 1 of token 0
+      be.gather_glu(dg, du, c.act, dx, be.to_device(host_i32({c.n, c.k}, ids)), got);
+      EXPECT_THROW(be.synchronize(), Error) << what;
+      const std::vector<float> bad = dev_vec<float>(be, got);
+      EXPECT_TRUE(std::isnan(bad[size_t(c.ffn)]) && std::isnan(bad[size_t(2 * c.ffn - 1)])) << what;
+      EXPECT_FALSE(std::isnan(bad[0])) << what;
+    }
   }
 }
 

@@ -20,13 +20,17 @@ using gemv::kThreads;
 constexpr int kWarps = gemv::kWarps;
 
 // Grid (the blocks of every part, kWarps * RPW rows each; pairs). Pair p reads expert map.indices[p] when given (the
-// copies then wait for the kernel that wrote the indices; else they go out before the wait). Shared memory: the
-// barrier, the block's row tile, x staged. Preconditions (launch_gemv_bulk): bulk_rows_ok for every part;
-// in % 32 == 0.
-template <int BITS, typename ST, int RPW>
+// copies then wait for the kernel that wrote the indices; else they go out before the wait). With a.glu, a block's
+// rows are kWarps * RPW / 2 rows of part 0 (gate) and the same rows of part 1 (up): each warp sums RPW / 2 rows of
+// each and writes act(gate) * up (glu_value, as launch_glu), so the gather path's activation needs no launch of its
+// own. Shared memory: the barrier, the block's row tile, x staged. Preconditions (launch_gemv_bulk): bulk_rows_ok
+// for every part; in % 32 == 0; with glu, parts 0 and 1 of the same shape.
+template <int BITS, typename ST, int RPW, bool GLU>
 __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   extern __shared__ float4 smem4[];
-  constexpr int kRows = kWarps * RPW;
+  constexpr int kHalf = RPW / 2;
+  constexpr int rpw = GLU ? kHalf : RPW;  // rows of a part per warp
+  constexpr int kRows = kWarps * rpw;     // rows of a part per block
   const gemv::Part pt = gemv::block_part(a);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t p = blockIdx.y, in = pt.w.in, out = pt.w.out, n_chunks = in / kChunk, r0 = pt.block * kRows;
@@ -34,19 +38,21 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   const int64_t row_bytes = bulk::packed_row_bytes(in, BITS), srow = bulk::scale_row_bytes<ST>(in, pt.w.group_size);
   auto* bar = reinterpret_cast<uint64_t*>(smem4);
   unsigned char* base = reinterpret_cast<unsigned char*>(smem4) + bulk::kBarBytes;
-  const bulk::RowTile<BITS, ST> tile{base, row_bytes, srow, n_rows};
-  float* xs = reinterpret_cast<float*>(base + bulk::RowTile<BITS, ST>::bytes(kRows, row_bytes, srow));
+  const int tile_rows = GLU ? 2 * n_rows : n_rows;  // with glu: gate's rows, then up's
+  const bulk::RowTile<BITS, ST> tile{base, row_bytes, srow, tile_rows};
+  float* xs = reinterpret_cast<float*>(base + bulk::RowTile<BITS, ST>::bytes(kWarps * RPW, row_bytes, srow));
   if (threadIdx.x == 0) mbar_init(bar, 1);
   __syncthreads();
   int64_t expert = 0;
   if (a.map.indices) {
     pdl_enter();
-    expert = gemv::pair_expert(a, pt, p, RPW);
+    expert = gemv::pair_expert(a, pt, p, rpw);
     if (expert < 0) return;  // uniform; no copy was issued
   }
   if (threadIdx.x == 0) {  // weights only: before the wait where the rows are known
-    mbar_arrive_expect(bar, unsigned(n_rows * (row_bytes + 2 * srow)));
+    mbar_arrive_expect(bar, unsigned(tile_rows * (row_bytes + 2 * srow)));
     bulk::issue_rows(pt.w, expert * out + r0, n_rows, tile, bar);
+    if constexpr (GLU) bulk::issue_rows(a.w[1], expert * out + r0, n_rows, tile, bar, n_rows);
   }
   float nw[gemv::kNormRegs];
   gemv::load_norm(a, in, nw);
@@ -56,12 +62,15 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   if (a.f.norm_w) gemv::normalize_staged(a, in, p, xs, nw);
   stage_xsums(xs, n_chunks);
   __syncthreads();
-  const int64_t row0 = r0 + warp * RPW;
+  const int64_t row0 = r0 + warp * rpw;
   if (row0 >= out) return;  // warp 0 always stays: the block outlives its copies
   const int gshift = __ffs(pt.w.group_size / kChunk) - 1;
   int lr[RPW];  // the warp's rows in the tile (a row past the end reads the last one; its result is dropped)
 #pragma unroll
-  for (int i = 0; i < RPW; ++i) lr[i] = min(warp * RPW + i, n_rows - 1);
+  for (int i = 0; i < RPW; ++i) {
+    lr[i] =
+        GLU ? (i < kHalf ? 0 : n_rows) + min(warp * kHalf + i % kHalf, n_rows - 1) : min(warp * RPW + i, n_rows - 1);
+  }
   float acc[RPW];
 #pragma unroll
   for (int i = 0; i < RPW; ++i) acc[i] = 0.0f;
@@ -82,19 +91,32 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
 #pragma unroll
   for (int i = 0; i < RPW; ++i) acc[i] = warp_sum(acc[i]);
   if (lane == 0) {
+    if constexpr (GLU) {
 #pragma unroll
-    for (int i = 0; i < RPW; ++i)
-      if (row0 + i < out) pt.y[p * out + row0 + i] = acc[i];
+      for (int i = 0; i < kHalf; ++i)
+        if (row0 + i < out) pt.y[p * out + row0 + i] = glu_value_of(GluAct(a.glu), acc[i], acc[i + kHalf]);
+    } else {  // every row its own output
+#pragma unroll
+      for (int i = 0; i < RPW; ++i)
+        if (row0 + i < out) pt.y[p * out + row0 + i] = acc[i];
+    }
   }
 }
 
-template <int BITS, int RPW>
+template <int BITS, int RPW, bool GLU>
 void launch_rows(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a) {
   switch (a.w[0].stype) {
-    case FloatType::kF32: launch_k(ctx, gemv_bulk_kernel<BITS, float, RPW>, grid, kThreads, smem, a); break;
-    case FloatType::kF16: launch_k(ctx, gemv_bulk_kernel<BITS, __half, RPW>, grid, kThreads, smem, a); break;
-    case FloatType::kBF16: launch_k(ctx, gemv_bulk_kernel<BITS, __nv_bfloat16, RPW>, grid, kThreads, smem, a); break;
+    case FloatType::kF32: launch_k(ctx, gemv_bulk_kernel<BITS, float, RPW, GLU>, grid, kThreads, smem, a); break;
+    case FloatType::kF16: launch_k(ctx, gemv_bulk_kernel<BITS, __half, RPW, GLU>, grid, kThreads, smem, a); break;
+    case FloatType::kBF16:
+      launch_k(ctx, gemv_bulk_kernel<BITS, __nv_bfloat16, RPW, GLU>, grid, kThreads, smem, a);
+      break;
   }
+}
+
+template <int BITS, bool GLU>
+void launch_bits(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a, int rpw) {
+  rpw == 4 ? launch_rows<BITS, 4, GLU>(ctx, grid, smem, a) : launch_rows<BITS, 2, GLU>(ctx, grid, smem, a);
 }
 
 }  // namespace
@@ -108,6 +130,7 @@ bool gemv::launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
   }
   const WeightView& w = a.w[0];
   if (w.bits != 4 && w.bits != 8) return false;
+  if (a.glu >= 0 && (!gather || a.n_parts != 2 || a.w[1].out != w.out || a.w[1].n_stack != w.n_stack)) return false;
   for (int i = 0; i < a.n_parts; ++i) {
     const WeightView& v = a.w[i];
     if (v.in != w.in || v.bits != w.bits || v.stype != w.stype || v.group_size != w.group_size || !v.biases ||
@@ -123,17 +146,23 @@ bool gemv::launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
       bulk::staged_floats_bytes(w.in);
   if (w.in % kChunk != 0 || smem > size_t(ctx.max_smem_optin)) return false;
   int64_t blocks = 0;
-  for (int i = 0; i < a.n_parts; ++i) {
-    blocks += (a.w[i].out + rows - 1) / rows;
-    a.part_end[i] = unsigned(blocks);
+  if (a.glu >= 0) {  // one block per rows / 2 rows of both parts
+    blocks = (w.out + rows / 2 - 1) / (rows / 2);
+    a.part_end[0] = a.part_end[1] = unsigned(blocks);
+  } else {
+    for (int i = 0; i < a.n_parts; ++i) {
+      blocks += (a.w[i].out + rows - 1) / rows;
+      a.part_end[i] = unsigned(blocks);
+    }
   }
   if (blocks == 0) return true;
   CUDA_REQUIRE(blocks < (int64_t(1) << 31), "gemv_bulk: too many output rows");
   const dim3 grid{unsigned(blocks), unsigned(n_pairs)};
+  const bool glu = a.glu >= 0;
   if (w.bits == 4) {
-    rpw == 4 ? launch_rows<4, 4>(ctx, grid, smem, a) : launch_rows<4, 2>(ctx, grid, smem, a);
+    glu ? launch_bits<4, true>(ctx, grid, smem, a, rpw) : launch_bits<4, false>(ctx, grid, smem, a, rpw);
   } else {
-    rpw == 4 ? launch_rows<8, 4>(ctx, grid, smem, a) : launch_rows<8, 2>(ctx, grid, smem, a);
+    glu ? launch_bits<8, true>(ctx, grid, smem, a, rpw) : launch_bits<8, false>(ctx, grid, smem, a, rpw);
   }
   return true;
 }

@@ -158,6 +158,14 @@ __device__ __forceinline__ float glu_value(float g, float u) {
   }
   return a * u;
 }
+
+__device__ __forceinline__ float glu_value_of(GluAct act, float g, float u) {
+  switch (act) {
+    case GluAct::kSiLU: return glu_value<GluAct::kSiLU>(g, u);
+    case GluAct::kGeLU: return glu_value<GluAct::kGeLU>(g, u);
+    default: return glu_value<GluAct::kReLU2>(g, u);
+  }
+}
 #endif
 
 }  // namespace moecel::cuda

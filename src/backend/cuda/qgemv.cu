@@ -323,6 +323,15 @@ bool launch_gather_gemv_parts(const Ctx& ctx, std::span<const WeightView> ws, st
   return n_tokens * k == 0 || launch_gemv_args(ctx, a, n_tokens * k);
 }
 
+bool launch_gather_glu_gemv(const Ctx& ctx, const WeightView& gate, const WeightView& up, GluAct act, const float* x,
+                            const int32_t* indices, int64_t n_tokens, int64_t k, float* y) {
+  const WeightView ws[] = {gate, up};
+  float* ys[] = {y, y};  // up's rows are never stored
+  GemvArgs a = parts_args(ctx, ws, ys, x, PairMap{indices, k, false});
+  a.glu = int(act);
+  return n_tokens * k > 0 && n_tokens * k <= 65535 && launch_gemv_bulk(ctx, a, n_tokens * k);
+}
+
 bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
                        int64_t n_tokens, const GemvFusion& f) {
   GemvArgs a = parts_args(ctx, ws, ys, x, PairMap{nullptr, 1, true});

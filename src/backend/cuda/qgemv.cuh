@@ -21,6 +21,7 @@ struct GemvArgs {
   PairMap map;
   unsigned* err;
   GemvFusion f;  // the decode fusions (qmatmul.cuh); all off for a plain product
+  int glu = -1;  // >= 0 (a GluAct): y[0] = act(part 0) * part 1, row by row (launch_gather_glu_gemv)
 };
 
 // Part of the launch this block works on, without indexing the parameter arrays dynamically (which would copy

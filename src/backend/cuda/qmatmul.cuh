@@ -156,6 +156,11 @@ bool launch_gemv(const Ctx& ctx, const WeightView& w, const float* x, const Pair
 // Returns false (launching nothing) when x does not fit in shared memory.
 bool launch_gather_gemv_parts(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys,
                               const float* x, const int32_t* indices, int64_t n_tokens, int64_t k);
+// The same for gate and up with the activation in the epilogue: y (n_tokens * k, gate.out) = act(gate rows) * up
+// rows, bit for bit launch_gather_gemv_parts then launch_glu, by the bulk-copy kernel (gemv_bulk.cu). Returns false
+// (launching nothing) where that kernel does not take them (Ctx::gemv_bulk_gather off, formats, shapes).
+bool launch_gather_glu_gemv(const Ctx& ctx, const WeightView& gate, const WeightView& up, GluAct act, const float* x,
+                            const int32_t* indices, int64_t n_tokens, int64_t k, float* y);
 
 // Work list of the tiled kernel: tile i covers pairs order[start[i] .. start[i] + count[i]) of expert
 // expert[i]; *n_tiles says how many entries are valid (written on the device by the routing kernel).
