@@ -93,14 +93,14 @@ TEST_F(CudaOps, GatherGluFallsBack) {
 }
 
 // At decode token counts the bulk-copy kernel computes gate and up and writes act(gate) * up
-// (MOECEL_CUDA_GATHER_GLU=1, the default) at 2 or 4 rows per warp: bit for bit the gather products and the glu
+// (MOECEL_CUDA_GEMV_BULK_GLU) at 2 or 4 rows per warp: bit for bit the gather products and the glu
 // launch, within the matrix-product threshold of the CPU; a bad expert index gives NaN rows and the error.
 TEST_F(CudaOps, GatherGluDecodeEpilogueMatchesTheOps) {
   Rng rng(304);
   for (const char* rows : {"2", "4"}) {
-    setenv("MOECEL_CUDA_GEMV_BULK_GATHER", rows, 1);
+    setenv("MOECEL_CUDA_GEMV_BULK_GLU", rows, 1);
     CudaBackend be;
-    unsetenv("MOECEL_CUDA_GEMV_BULK_GATHER");
+    unsetenv("MOECEL_CUDA_GEMV_BULK_GLU");
     const Case cases[] = {{4, 64, DType::kF16, kExperts, kFfn, kHidden, kTopK, 1, Activation::kSiLU},
                           {4, 64, DType::kBF16, kExperts, kFfn, kHidden, kTopK, 3, Activation::kSiLU},
                           {8, 32, DType::kF32, 5, 200, 96, 3, 1, Activation::kGeLU},  // a last tile of 8 rows

@@ -128,7 +128,10 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   impl_->ctx.pdl = knob_from_env("MOECEL_CUDA_PDL", 1, {0, 1}) == 1;
   impl_->ctx.gemv_rows = knob_from_env("MOECEL_CUDA_GEMV_ROWS", 0, {0, 1, 2, 4});
   impl_->ctx.gemv_bulk = knob_from_env("MOECEL_CUDA_GEMV_BULK", 2, {0, 2, 4});
-  impl_->ctx.gemv_bulk_gather = knob_from_env("MOECEL_CUDA_GEMV_BULK_GATHER", 2, {0, 2, 4});
+  // Rows per warp of the gather path's bulk kernels (docs/benchmarks.md, eleventh tree: OLMoE 1,327 tok/s with
+  // 2 and 2, 1,351 with 2 for gate + up and 4 for down; Qwen3-30B-A3B 364 / 373).
+  impl_->ctx.gemv_bulk_gather = knob_from_env("MOECEL_CUDA_GEMV_BULK_GATHER", 4, {0, 2, 4});
+  impl_->ctx.gemv_bulk_glu = knob_from_env("MOECEL_CUDA_GEMV_BULK_GLU", 2, {0, 2, 4});
   impl_->ctx.extra_launches = knob_from_env("MOECEL_CUDA_EXTRA_LAUNCHES", 0, {0, 1, 2, 4});
   impl_->ctx.skip = std::getenv("MOECEL_CUDA_SKIP");  // "list" prints every launch (name, grid) instead
   // Tensor-core matrix-vector kernels (gemv_mma.cuh): by default only for the vocabulary projection; 1 for every
@@ -409,9 +412,8 @@ void CudaBackend::gather_glu(const LinearWeight& gate, const LinearWeight& up, A
     check_rows(x, n, gate.in, gate.name.c_str());
     check_rows(out, n * k, gate.out, gate.name.c_str());
     check_no_overlap(x, out, "gather_glu");
-    if (n <= cuda::kGemvMaxTokens && impl_->gather_glu_epilogue &&
-        cuda::launch_gather_glu_gemv(impl_->ctx, g, u, glu_act(act), x.ptr<float>(), indices.ptr<int32_t>(), n, k,
-                                     out.ptr<float>())) {
+    if (n <= cuda::kGemvMaxTokens && cuda::launch_gather_glu_gemv(impl_->ctx, g, u, glu_act(act), x.ptr<float>(),
+                                                                  indices.ptr<int32_t>(), n, k, out.ptr<float>())) {
       return;  // decode: gate, up and the activation in one launch
     }
     if (n <= cuda::kGemvMaxTokens) {  // decode: gate and up in one matrix-vector launch, then the activation

@@ -60,9 +60,6 @@ struct CudaBackend::Impl {
   // (CudaBackend::linear_residual_norm_router): one launch fewer per MoE layer. Its logits round differently from
   // rms_norm_router's (the norm's factor applied after the sum), hence a knob of its own.
   bool router_share = cuda_host::knob_from_env("MOECEL_CUDA_ROUTER_SHARE", 1, {0, 1}) == 1;
-  // The gather path's decode gate + up with the activation in the bulk kernel's epilogue (MOECEL_CUDA_GATHER_GLU=0:
-  // the activation as a launch of its own); bit for bit either way.
-  bool gather_glu_epilogue = cuda_host::knob_from_env("MOECEL_CUDA_GATHER_GLU", 1, {0, 1}) == 1;
   bool fused_b_prefetch = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_B_PREFETCH", 1, {0, 1}) == 1;
   // Kernels A and B fed by bulk copies where they apply (MOECEL_CUDA_FUSED_BULK=0: the register-prefetch kernels).
   bool fused_bulk = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_BULK", 1, {0, 1}) == 1;

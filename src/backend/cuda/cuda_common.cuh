@@ -42,7 +42,10 @@ struct Ctx {
   // rms_norm_linears (q, k, v) with 4-/8-bit weights; 0 = off (MOECEL_CUDA_GEMV_BULK: 0, 2 or 4).
   int gemv_bulk = 2;
   // The same kernel for the gather path's expert products (MOECEL_CUDA_GEMV_BULK_GATHER: 0, 2 or 4).
-  int gemv_bulk_gather = 2;
+  int gemv_bulk_gather = 4;
+  // The same kernel for the gather path's decode gate + up with the activation in its epilogue (rows per warp:
+  // half of them gate's, half up's; MOECEL_CUDA_GEMV_BULK_GLU: 0 = off, the products then the glu launch).
+  int gemv_bulk_glu = 2;
   int extra_launches = 0;  // MOECEL_CUDA_EXTRA_LAUNCHES (measurement only)
   // MOECEL_CUDA_SKIP (measurement only): kernels to replace by an empty one, "name[:grid_x],...", to measure what
   // each costs a decode step (their outputs keep the previous step's values).

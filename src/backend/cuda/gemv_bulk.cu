@@ -123,7 +123,7 @@ void launch_bits(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a, int 
 
 bool gemv::launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
   const bool gather = a.map.indices != nullptr;
-  const int rpw = gather ? ctx.gemv_bulk_gather : ctx.gemv_bulk;
+  const int rpw = a.glu >= 0 ? ctx.gemv_bulk_glu : gather ? ctx.gemv_bulk_gather : ctx.gemv_bulk;
   if (rpw == 0 || a.f.residual || a.f.router.k > 0 || a.f.share.parts || (gather == (a.f.norm_w != nullptr)) ||
       n_pairs < 1 || n_pairs > (gather ? 65535 : 1)) {
     return false;
