@@ -182,6 +182,12 @@ void routed_feed_forward_add(Backend& be, const LinearWeight& router, const Swit
   experts.forward_add(be, xn, idx, w, x);
 }
 
+Tensor DecoderModel::feed_forward(Backend& be, size_t layer, const Tensor& xn) const {
+  const std::optional<RoutedFfn> r = routed_ffn(layer);
+  MOECEL_CHECK(r.has_value(), "layer {}: the model defines neither feed_forward nor routed_ffn for it", layer);
+  return route_topk(be, *r->router, *r->experts, xn, r->scoring, r->k, r->renormalize);
+}
+
 void DecoderModel::feed_forward_add(Backend& be, size_t layer, const Tensor& post_norm, float eps, Tensor& x,
                                     Tensor& xn) const {
   if (const std::optional<RoutedFfn> r = routed_ffn(layer)) {

@@ -146,8 +146,9 @@ class DecoderModel : public Model {
   // windows: per layer sliding window in keys (0: full causal attention).
   void load_backbone(WeightLoader& wl, const AttentionOptions& opt, const std::vector<int>& windows);
   // The family's feed-forward block of `layer`: xn (n_tokens, hidden_size) = post_attention_layernorm(h)
-  // -> a new (n_tokens, hidden_size) tensor (never xn itself).
-  virtual Tensor feed_forward(Backend& be, size_t layer, const Tensor& xn) const = 0;
+  // -> a new (n_tokens, hidden_size) tensor (never xn itself). Default: the routed_ffn(layer) block (route_topk);
+  // families with other blocks override it.
+  virtual Tensor feed_forward(Backend& be, size_t layer, const Tensor& xn) const;
   // The whole feed-forward half of `layer`: x += feed_forward(rms_norm(x, post_norm)), with xn (n_tokens,
   // hidden_size) as scratch for the normalized input; routed_feed_forward_add where routed_ffn(layer) is set.
   virtual void feed_forward_add(Backend& be, size_t layer, const Tensor& post_norm, float eps, Tensor& x,

@@ -52,10 +52,6 @@ class Mixtral final : public DecoderModel {
   }
 
  protected:
-  Tensor feed_forward(Backend& be, size_t l, const Tensor& xn) const override {
-    const MoeBlock& b = ffn_.moe[l];
-    return route_topk(be, b.router, b.experts, xn, RouterScoring::kTopKSoftmax, cfg_.n_experts_per_tok, false);
-  }
   std::optional<RoutedFfn> routed_ffn(size_t l) const override {
     const MoeBlock& b = ffn_.moe[l];
     return RoutedFfn{&b.router, &b.experts, RouterScoring::kTopKSoftmax, cfg_.n_experts_per_tok, false};

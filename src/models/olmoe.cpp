@@ -53,10 +53,6 @@ class Olmoe final : public DecoderModel {
 
  protected:
   // MoE: softmax over all experts, top-k (renormalized with norm_topk_prob), SwiGLU experts, no shared expert.
-  Tensor feed_forward(Backend& be, size_t l, const Tensor& xn) const override {
-    return route_topk(be, ffn_.moe[l].router, ffn_.moe[l].experts, xn, RouterScoring::kSoftmax, cfg_.n_experts_per_tok,
-                      cfg_.norm_topk_prob);
-  }
   std::optional<RoutedFfn> routed_ffn(size_t l) const override {
     return RoutedFfn{&ffn_.moe[l].router, &ffn_.moe[l].experts, RouterScoring::kSoftmax, cfg_.n_experts_per_tok,
                      cfg_.norm_topk_prob};

@@ -55,11 +55,9 @@ class Qwen3Moe final : public DecoderModel {
   }
 
  protected:
-  Tensor feed_forward(Backend& be, size_t l, const Tensor& xn) const override {
+  Tensor feed_forward(Backend& be, size_t l, const Tensor& xn) const override {  // dense layers; MoE: routed_ffn
     if (!cfg_.moe_layer[l]) return ffn_.dense[l].forward(be, xn);
-    const MoeBlock& b = ffn_.moe[l];
-    return route_topk(be, b.router, b.experts, xn, RouterScoring::kSoftmax, cfg_.n_experts_per_tok,
-                      cfg_.norm_topk_prob);
+    return DecoderModel::feed_forward(be, l, xn);
   }
   std::optional<RoutedFfn> routed_ffn(size_t l) const override {
     if (!cfg_.moe_layer[l]) return std::nullopt;

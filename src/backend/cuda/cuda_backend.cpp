@@ -412,11 +412,11 @@ void CudaBackend::gather_glu(const LinearWeight& gate, const LinearWeight& up, A
     check_rows(x, n, gate.in, gate.name.c_str());
     check_rows(out, n * k, gate.out, gate.name.c_str());
     check_no_overlap(x, out, "gather_glu");
-    if (n <= cuda::kGemvMaxTokens && cuda::launch_gather_glu_gemv(impl_->ctx, g, u, glu_act(act), x.ptr<float>(),
-                                                                  indices.ptr<int32_t>(), n, k, out.ptr<float>())) {
-      return;  // decode: gate, up and the activation in one launch
-    }
-    if (n <= cuda::kGemvMaxTokens) {  // decode: gate and up in one matrix-vector launch, then the activation
+    if (n <= cuda::kGemvMaxTokens) {  // decode: gate, up and the activation in one launch, else gate and up in one
+      if (cuda::launch_gather_glu_gemv(impl_->ctx, g, u, glu_act(act), x.ptr<float>(), indices.ptr<int32_t>(), n, k,
+                                       out.ptr<float>())) {
+        return;
+      }
       Tensor u_out = scratch(DType::kF32, out.shape);
       const cuda::WeightView ws[] = {g, u};
       float* ys[] = {out.ptr<float>(), u_out.ptr<float>()};

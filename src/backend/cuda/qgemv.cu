@@ -329,7 +329,7 @@ bool launch_gather_glu_gemv(const Ctx& ctx, const WeightView& gate, const Weight
   float* ys[] = {y, y};  // up's rows are never stored
   GemvArgs a = parts_args(ctx, ws, ys, x, PairMap{indices, k, false});
   a.glu = int(act);
-  return n_tokens * k > 0 && n_tokens * k <= 65535 && launch_gemv_bulk(ctx, a, n_tokens * k);
+  return launch_gemv_bulk(ctx, a, n_tokens * k);  // false for 0 or more than 65535 pairs
 }
 
 bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
