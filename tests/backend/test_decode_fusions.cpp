@@ -352,6 +352,48 @@ TEST_F(CudaOps, LinearResidualNormRouterMatchesTheOps) {
   }
 }
 
+// The router reduction with its inputs moved into shared memory by bulk copies (MOECEL_CUDA_ROUTER_BULK, the
+// default) gives the bytes of its per-thread loads: the residual, xn, the logits, the indices and the weights.
+TEST_F(CudaOps, RouterReduceBulkCopiesMatchTheLoads) {
+  struct Case {
+    int64_t n_experts;
+    int k;
+    int64_t o_in, n;
+  };
+  Rng rng(108);
+  for (const Case& c : {Case{kExperts, int(kTopK), kHidden, 1}, Case{32, 8, 4096, 1}, Case{kExperts, 4, kHidden, 4}}) {
+    const LinearWeight o = make_quant(0, kHidden, c.o_in, 4, 64, DType::kBF16, rng);
+    const LinearWeight r = make_quant(0, c.n_experts, kHidden, 4, 64, DType::kBF16, rng);
+    const Tensor norm = host_random(DType::kBF16, {kHidden}, rng, 0.5f, 1.5f);
+    const Tensor att = host_random(DType::kF32, {c.n, c.o_in}, rng);
+    const Tensor res = host_random(DType::kF32, {c.n, kHidden}, rng, -3.0f, 3.0f);
+    std::vector<float> vals[2];
+    std::vector<int32_t> ids[2];
+    for (int bulk = 0; bulk < 2; ++bulk) {
+      setenv("MOECEL_CUDA_ROUTER_BULK", bulk ? "1" : "0", 1);
+      CudaBackend be;
+      unsetenv("MOECEL_CUDA_ROUTER_BULK");
+      const LinearWeight dov = be.to_device(o), drv = be.to_device(r);
+      const Tensor dnorm = be.to_device(norm), datt = be.to_device(att);
+      Tensor x = be.to_device(res);
+      Tensor xn = be.alloc(DType::kF32, {c.n, kHidden}), logits = be.alloc(DType::kF32, {c.n, c.n_experts});
+      Tensor idx = be.alloc(DType::kI32, {c.n, c.k}), wts = be.alloc(DType::kF32, {c.n, c.k});
+      be.linear_residual_norm_router(dov, datt, x, dnorm, 1e-5f, drv, RouterScoring::kSoftmax, c.k, false, xn, logits,
+                                     idx, wts);
+      for (const Tensor* t : {&x, &xn, &logits, &wts}) {
+        const std::vector<float> v = dev_vec<float>(be, *t);
+        vals[bulk].insert(vals[bulk].end(), v.begin(), v.end());
+      }
+      ids[bulk] = dev_vec<int32_t>(be, idx);
+    }
+    const std::string what =
+        "experts " + std::to_string(c.n_experts) + " in " + std::to_string(c.o_in) + " n " + std::to_string(c.n);
+    ASSERT_EQ(vals[0].size(), vals[1].size()) << what;
+    EXPECT_EQ(0, std::memcmp(vals[0].data(), vals[1].data(), vals[0].size() * 4)) << what;
+    EXPECT_EQ(ids[0], ids[1]) << what;
+  }
+}
+
 TEST_F(CudaOps, FusedMoeAddMatchesFusedMoeThenAdd) {
   Rng rng(104);
   for (int bits : {4, 8}) {
@@ -383,7 +425,9 @@ TEST_F(CudaOps, FusedMoeAddMatchesFusedMoeThenAdd) {
 
 // The attention block of full-width q/k norms in one launch (MOECEL_CUDA_FUSIONS bit 16, on by default) against the
 // two launches it replaces (bit 16 off) bit for bit, and against the CPU: GQA, head sizes 64 to 256, partial
-// rotary, a sliding window, positions from 0 to near the end of the cache.
+// rotary, a sliding window, positions from 0 to near the end of the cache. Cache rows requested into L2 before the
+// wait (MOECEL_CUDA_KV_PREFETCH) change no bit: the two launches with 256 rows, the one launch with none and with
+// the default.
 TEST_F(CudaOps, QkNormRopeAttentionMatchesTheTwoOps) {
   struct Case {
     int n_heads, n_kv_heads, head_dim, rot_dims, window;
@@ -402,11 +446,14 @@ TEST_F(CudaOps, QkNormRopeAttentionMatchesTheTwoOps) {
       const std::string what = "heads " + std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) + " dim " +
                                std::to_string(c.head_dim) + " window " + std::to_string(c.window) + " pos0 " +
                                std::to_string(pos0);
-      std::vector<float> outs[2], kcs[2], vcs[2];
-      for (int fused = 0; fused < 2; ++fused) {
+      std::vector<float> outs[3], kcs[3], vcs[3];
+      for (int pass = 0; pass < 3; ++pass) {
+        const int fused = pass > 0;
         setenv("MOECEL_CUDA_FUSIONS", fused ? "23" : "7", 1);
+        if (pass < 2) setenv("MOECEL_CUDA_KV_PREFETCH", pass == 0 ? "256" : "0", 1);
         CudaBackend be;
         unsetenv("MOECEL_CUDA_FUSIONS");
+        unsetenv("MOECEL_CUDA_KV_PREFETCH");
         Tensor dq = be.to_device(q), dk = be.to_device(k), dv = be.to_device(v), dqn = be.to_device(qn),
                dkn = be.to_device(kn), dkc = be.to_device(kc), dvc = be.to_device(vc);
         Tensor out = be.scratch(DType::kF32, {1, qw});
@@ -417,13 +464,15 @@ TEST_F(CudaOps, QkNormRopeAttentionMatchesTheTwoOps) {
           be.to_host(t, h.data());
           return h;
         };
-        outs[fused] = get(out);
-        kcs[fused] = get(dkc);
-        vcs[fused] = get(dvc);
+        outs[pass] = get(out);
+        kcs[pass] = get(dkc);
+        vcs[pass] = get(dvc);
       }
-      EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4)) << what;
-      EXPECT_EQ(0, std::memcmp(kcs[0].data(), kcs[1].data(), kcs[0].size() * 4)) << what;
-      EXPECT_EQ(0, std::memcmp(vcs[0].data(), vcs[1].data(), vcs[0].size() * 4)) << what;
+      for (int pass = 1; pass < 3; ++pass) {
+        EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[pass].data(), outs[0].size() * 4)) << what << " pass " << pass;
+        EXPECT_EQ(0, std::memcmp(kcs[0].data(), kcs[pass].data(), kcs[0].size() * 4)) << what << " pass " << pass;
+        EXPECT_EQ(0, std::memcmp(vcs[0].data(), vcs[pass].data(), vcs[0].size() * 4)) << what << " pass " << pass;
+      }
       Tensor ref = cpu.alloc(DType::kF32, {1, qw});
       cpu.qk_norm_rope_attention(q, k, v, qn, kn, 1e-5f, c.n_heads, c.n_kv_heads, c.head_dim, c.rot_dims, 10000.0f, kc,
                                  vc, pos0, scale, c.window, ref);

@@ -132,6 +132,45 @@ TEST_F(CudaOps, GatherGluDecodeEpilogueMatchesTheOps) {
   }
 }
 
+// The down product directly after the decode gather glu kernel of the same indices reads its experts and issues its
+// weight copies before its wait (MOECEL_CUDA_PDL_EARLY bit 4, on by default): bit for bit the product without it and
+// within the matrix threshold of the CPU; a bad expert index still gives NaN rows and the error at sync.
+TEST_F(CudaOps, GatherDownAfterGluMatchesWithoutEarlyExperts) {
+  Rng rng(305);
+  const LinearWeight gate = make_quant(kExperts, kFfn, kHidden, 4, 64, DType::kBF16, rng);
+  const LinearWeight up = make_quant(kExperts, kFfn, kHidden, 4, 64, DType::kBF16, rng);
+  const LinearWeight down = make_quant(kExperts, kHidden, kFfn, 4, 64, DType::kBF16, rng);
+  const Tensor x = host_random(DType::kF32, {1, kHidden}, rng);
+  std::vector<int32_t> ids = random_experts(1, kTopK, kExperts, rng);
+  const Tensor idx = host_i32({1, kTopK}, ids);
+  Tensor act = cpu.alloc(DType::kF32, {1, kTopK, kFfn}), ref = cpu.alloc(DType::kF32, {kTopK, kHidden});
+  cpu.gather_glu(gate, up, Activation::kSiLU, x, idx, act);
+  cpu.gather_linear(down, act, idx, ref);
+  std::vector<float> outs[2];
+  for (int early = 0; early < 2; ++early) {
+    setenv("MOECEL_CUDA_PDL_EARLY", early ? "6" : "0", 1);
+    CudaBackend be;
+    unsetenv("MOECEL_CUDA_PDL_EARLY");
+    const LinearWeight dg = be.to_device(gate), du = be.to_device(up), dd = be.to_device(down);
+    const Tensor dx = be.to_device(x), didx = be.to_device(idx);
+    Tensor a = be.alloc(DType::kF32, {1, kTopK, kFfn}), y = be.alloc(DType::kF32, {kTopK, kHidden});
+    be.gather_glu(dg, du, Activation::kSiLU, dx, didx, a);
+    be.gather_linear(dd, a, didx, y);
+    outs[early] = dev_vec<float>(be, y);
+    std::vector<int32_t> bad_ids = ids;
+    bad_ids[1] = int32_t(kExperts);
+    const Tensor bad = be.to_device(host_i32({1, kTopK}, bad_ids));
+    be.gather_glu(dg, du, Activation::kSiLU, dx, bad, a);
+    be.gather_linear(dd, a, bad, y);
+    EXPECT_THROW(be.synchronize(), Error) << "early " << early;
+    const std::vector<float> got = dev_vec<float>(be, y);
+    EXPECT_TRUE(std::isnan(got[size_t(kHidden)]) && std::isnan(got[size_t(2 * kHidden - 1)])) << "early " << early;
+    EXPECT_FALSE(std::isnan(got[0])) << "early " << early;
+  }
+  EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4));
+  EXPECT_LE(nmse(outs[1], host_vec(ref)), kMatmul);
+}
+
 TEST_F(CudaOps, GatherGluBadExpertIndexIsReportedAtSync) {
   Rng rng(303);
   const LinearWeight g = cu().to_device(make_quant(4, 32, 64, 4, 32, DType::kF16, rng));

@@ -15,6 +15,20 @@ namespace {
 constexpr int kDecodeWarps = 16;
 constexpr int kPrefillWarps = 4;
 
+// Requests this block's kv head's latest `rows` cache rows before pos0 into L2 (K and V), before the wait: earlier
+// steps wrote them, so the attention's loads after the wait hit L2 instead of DRAM.
+__device__ __forceinline__ void prefetch_cache_rows(const float* kc, const float* vc, int64_t kv_width, int64_t kv_off,
+                                                    int head_dim, int64_t pos0, int window, int rows) {
+  const int64_t first = window > 0 ? max(int64_t(0), pos0 - window + 1) : 0;
+  const int64_t from = max(first, pos0 - rows);
+  const int lines = (head_dim + 31) / 32;  // 128-byte lines per row
+  for (int64_t i = threadIdx.x; i < (pos0 - from) * lines; i += blockDim.x) {
+    const int64_t off = (from + i / lines) * kv_width + kv_off + (i % lines) * 32;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + off));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + off));
+  }
+}
+
 // One query row (qv: dims lane + 32 j, every warp holding all of them) against cache rows [first, last] of one kv head
 // (columns kv_off ..), written to o[0, head_dim). Warp w takes rows first + w, first + w + kWarps, ...
 template <int VPL, int kWarps>
@@ -106,8 +120,14 @@ __device__ __forceinline__ void attend_rows(const float (&qv)[VPL], const float*
 template <int VPL, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_kernel(const float* q, const float* kc, const float* vc, int64_t pos0, const int64_t* step_pos,
-                     int n_heads, int n_kv_heads, int head_dim, float scale, int window, float* out) {
+                     int n_heads, int n_kv_heads, int head_dim, float scale, int window, float* out,
+                     int prefetch_rows) {
   if (step_pos) pos0 = *step_pos;  // written before the graph's replay, never by a kernel: read before the wait
+  if (prefetch_rows > 0 && gridDim.y == 1) {
+    const int64_t kv_w = int64_t(n_kv_heads) * head_dim;
+    prefetch_cache_rows(kc, vc, kv_w, int64_t(blockIdx.x / (n_heads / n_kv_heads)) * head_dim, head_dim, pos0, window,
+                        prefetch_rows);
+  }
   pdl_enter();
   const int h = blockIdx.x;
   const int64_t t = blockIdx.y;
@@ -141,7 +161,8 @@ __global__ void __launch_bounds__(kFusedThreads)
     qk_norm_rope_attention_kernel(const float* q, const float* k, const float* v, const void* q_norm, FloatType q_wtype,
                                   const void* k_norm, FloatType k_wtype, float eps, int n_heads, int n_kv_heads,
                                   int head_dim, int half, RopeFreqs freqs, int64_t pos0, const int64_t* step_pos,
-                                  int64_t capacity, float* kc, float* vc, float scale, int window, float* out) {
+                                  int64_t capacity, float* kc, float* vc, float scale, int window, float* out,
+                                  int prefetch_rows) {
   __shared__ float red[2][32];
   __shared__ float hq[kMaxHeadDim], hk[kMaxHeadDim];
   if (step_pos) pos0 = *step_pos;
@@ -152,6 +173,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   const bool mine = u < head_dim;  // this thread's element of the head
   const float nq = mine ? load_float(q_norm, q_wtype, q_off + u) : 0.0f;
   const float nk = mine ? load_float(k_norm, k_wtype, kv_off + u) : 0.0f;
+  prefetch_cache_rows(kc, vc, kv_width, kv_off, head_dim, pos0, window, prefetch_rows);
   pdl_enter();
   float sq[2], sk[2];
 #pragma unroll
@@ -217,10 +239,10 @@ void launch_vpl(const Ctx& ctx, dim3 grid, const float* q, const float* kc, cons
                 int n_kv_heads, int head_dim, float scale, int window, float* out) {
   if (grid.y == 1) {
     launch_k(ctx, attention_kernel<VPL, kDecodeWarps>, grid, kDecodeWarps * 32, 0, q, kc, vc, pos0, ctx.step_pos,
-             n_heads, n_kv_heads, head_dim, scale, window, out);
+             n_heads, n_kv_heads, head_dim, scale, window, out, ctx.kv_prefetch_rows);
   } else {
     launch_k(ctx, attention_kernel<VPL, kPrefillWarps>, grid, kPrefillWarps * 32, 0, q, kc, vc, pos0, ctx.step_pos,
-             n_heads, n_kv_heads, head_dim, scale, window, out);
+             n_heads, n_kv_heads, head_dim, scale, window, out, 0);
   }
 }
 
@@ -264,7 +286,7 @@ bool launch_qk_norm_rope_attention(const Ctx& ctx, const QkNormRopeAttention& a)
   auto go = [&](auto kernel) {
     launch_k(ctx, kernel, dim3(unsigned(a.n_heads)), kFusedThreads, 0, a.q, a.k, a.v, a.q_norm, a.q_wtype, a.k_norm,
              a.k_wtype, a.eps, a.n_heads, a.n_kv_heads, a.head_dim, a.half, *a.freqs, a.pos0, ctx.step_pos, a.capacity,
-             a.k_cache, a.v_cache, a.scale, a.window, a.out);
+             a.k_cache, a.v_cache, a.scale, a.window, a.out, ctx.kv_prefetch_rows);
   };
   switch ((a.head_dim + 31) / 32) {
     case 1: go(qk_norm_rope_attention_kernel<1>); break;

@@ -128,10 +128,14 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   impl_->ctx.pdl = knob_from_env("MOECEL_CUDA_PDL", 1, {0, 1}) == 1;
   impl_->ctx.gemv_rows = knob_from_env("MOECEL_CUDA_GEMV_ROWS", 0, {0, 1, 2, 4});
   impl_->ctx.gemv_bulk = knob_from_env("MOECEL_CUDA_GEMV_BULK", 2, {0, 2, 4});
-  // Rows per warp of the gather path's bulk kernels (docs/benchmarks.md, eleventh tree: OLMoE 1,327 tok/s with
-  // 2 and 2, 1,351 with 2 for gate + up and 4 for down; Qwen3-30B-A3B 364 / 373).
+  // Rows per warp of the gather path's bulk kernels (docs/benchmarks.md, eleventh and twelfth trees: down 4; gate +
+  // up 4, OLMoE the same as 2 since the down product's copies go out before its wait, Qwen3-30B-A3B +1.6%).
   impl_->ctx.gemv_bulk_gather = knob_from_env("MOECEL_CUDA_GEMV_BULK_GATHER", 4, {0, 2, 4});
-  impl_->ctx.gemv_bulk_glu = knob_from_env("MOECEL_CUDA_GEMV_BULK_GLU", 2, {0, 2, 4});
+  impl_->ctx.gemv_bulk_glu = knob_from_env("MOECEL_CUDA_GEMV_BULK_GLU", 4, {0, 2, 4});
+  // Earlier starts, bulk router inputs and cache rows into L2 (docs/benchmarks.md, twelfth tree).
+  impl_->ctx.pdl_early = knob_from_env("MOECEL_CUDA_PDL_EARLY", 6, {0, 1, 2, 3, 4, 5, 6, 7});
+  impl_->ctx.router_bulk = knob_from_env("MOECEL_CUDA_ROUTER_BULK", 1, {0, 1}) == 1;
+  impl_->ctx.kv_prefetch_rows = knob_from_env("MOECEL_CUDA_KV_PREFETCH", 1024, {0, 256, 1024, 4096});
   impl_->ctx.extra_launches = knob_from_env("MOECEL_CUDA_EXTRA_LAUNCHES", 0, {0, 1, 2, 4});
   impl_->ctx.skip = std::getenv("MOECEL_CUDA_SKIP");  // "list" prints every launch (name, grid) instead
   // Tensor-core matrix-vector kernels (gemv_mma.cuh): by default only for the vocabulary projection; 1 for every
@@ -296,10 +300,14 @@ void CudaBackend::gather_linear(const LinearWeight& w, const Tensor& x, const Te
   check_no_overlap(x, y, "gather_linear");
   if (n * k == 0 || w.out == 0) return;
   const std::shared_ptr<void> scratch = impl_->scratch(cuda::gather_scratch_bytes(v, n, k));
+  // Directly after the gather glu kernel of the same indices (it triggers only after its wait, and the indices'
+  // writer is the kernel before it): the products may read them, and issue their weight copies, before their wait.
+  const bool after_glu = (impl_->ctx.pdl_early & 4) != 0 && impl_->glu_launch == impl_->ctx.launches &&
+                         impl_->glu_indices == indices.ptr<int32_t>();
   // The scratch block goes back to the pool on return while the kernels may still be queued: safe, because any
   // later user of the block is queued behind them on the same stream.
   cuda::launch_gather_linear(impl_->ctx, v, x.ptr<float>(), per_slot, indices.ptr<int32_t>(), n, k, y.ptr<float>(),
-                             scratch.get());
+                             scratch.get(), after_glu);
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
@@ -415,6 +423,8 @@ void CudaBackend::gather_glu(const LinearWeight& gate, const LinearWeight& up, A
     if (n <= cuda::kGemvMaxTokens) {  // decode: gate, up and the activation in one launch, else gate and up in one
       if (cuda::launch_gather_glu_gemv(impl_->ctx, g, u, glu_act(act), x.ptr<float>(), indices.ptr<int32_t>(), n, k,
                                        out.ptr<float>())) {
+        impl_->glu_launch = impl_->ctx.launches;  // the down product may follow (gather_linear)
+        impl_->glu_indices = indices.ptr<int32_t>();
         return;
       }
       Tensor u_out = scratch(DType::kF32, out.shape);

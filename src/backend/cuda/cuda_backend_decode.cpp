@@ -57,6 +57,7 @@ void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& g
   a.down_rows_per_warp = im.fused_down_rows_per_warp;
   a.max_slot_batch = im.fused_slot_batch;
   a.b_prefetch = im.fused_b_prefetch;
+  a.b_early = (im.ctx.pdl_early & 1) != 0;
   a.bulk = im.fused_bulk;
   // MOECEL_CUDA_DECODE_MMA=1 promises fused == gather bit for bit: its own tensor-core kernels take what the gather
   // path runs on tensor cores, and the bulk kernels stay on CUDA cores like the gather path's other products.

@@ -44,6 +44,8 @@ struct StepIo {
 
 struct CudaBackend::Impl {
   cuda::Ctx ctx;
+  uint64_t glu_launch = ~uint64_t(0);  // ctx.launches after the last gather glu kernel, and its indices
+  const int32_t* glu_indices = nullptr;
   // Launch-width knobs of the fused path, read once per backend (results do not depend on them):
   // MOECEL_CUDA_FUSED_ROWS (rows per warp of kernel A: 1, 2, 4; 0 = the pipelined grid-stride kernel A),
   // MOECEL_CUDA_FUSED_DOWN_ROWS (kernel B: 1, 2) and MOECEL_CUDA_FUSED_SLOTS (slots kernel B stages at once).

@@ -45,7 +45,21 @@ struct Ctx {
   int gemv_bulk_gather = 4;
   // The same kernel for the gather path's decode gate + up with the activation in its epilogue (rows per warp:
   // half of them gate's, half up's; MOECEL_CUDA_GEMV_BULK_GLU: 0 = off, the products then the glu launch).
-  int gemv_bulk_glu = 2;
+  int gemv_bulk_glu = 4;
+  // Earlier starts in the decode chain (MOECEL_CUDA_PDL_EARLY bits, default 6): 1 kernel B of the fused path and 2 the
+  // gather path's weighted sum let the next kernel (the next layer's q/k/v, which reads only weights before its
+  // wait) launch as they start, so its weight copies go out while they run (1 measured slower); 4 the gather path's
+  // down product reads its experts and issues its weight copies before its wait when it directly follows the gather
+  // glu kernel of the same indices (PairMap::indices_final).
+  int pdl_early = 6;
+  // The router reduction's shares, y and sums of squares moved into shared memory by bulk copies after its wait
+  // (MOECEL_CUDA_ROUTER_BULK; 0: per-thread loads).
+  bool router_bulk = true;
+  // The decode attention blocks request up to this many of their latest cache rows into L2 before their wait
+  // (MOECEL_CUDA_KV_PREFETCH; 0: none).
+  int kv_prefetch_rows = 1024;
+  // Launches so far (launch_k): lets the backend know which kernel a launch directly follows.
+  mutable uint64_t launches = 0;
   int extra_launches = 0;  // MOECEL_CUDA_EXTRA_LAUNCHES (measurement only)
   // MOECEL_CUDA_SKIP (measurement only): kernels to replace by an empty one, "name[:grid_x],...", to measure what
   // each costs a decode step (their outputs keep the previous step's values).
@@ -230,6 +244,7 @@ bool skip_launch(const char* spec, const void* kernel, dim3 grid);
 
 template <class... KArgs, class... Args>
 void launch_k(const Ctx& ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  ++ctx.launches;
   if (ctx.skip && skip_launch(ctx.skip, reinterpret_cast<const void*>(kernel), grid)) {
     cudaLaunchAttribute ea;
     const cudaLaunchConfig_t ec = launch_config(ctx, dim3(1), dim3(32), 0, ea);

@@ -28,6 +28,7 @@ struct FusedMoeArgs {
   int down_rows_per_warp = 1;  // kernel B: 1 or 2
   int max_slot_batch = 4;      // kernel B: most slots staged and loaded together (8, 4, 2 or 1)
   bool b_prefetch = true;      // kernel B loads its first weights before waiting for kernel A
+  bool b_early = false;        // kernel B lets the next kernel launch as it starts (Ctx::pdl_early)
   bool bulk = true;            // kernels A and B fed by bulk copies where they apply (fused_moe_bulk.cu)
   // The bulk kernels on tensor cores (fused_moe_bulk_mma.cu): results within f32 rounding of the CUDA-core kernels,
   // no longer bit for bit those of the gather path. 0: never; 1: where measured faster (kernel B always, kernel A with

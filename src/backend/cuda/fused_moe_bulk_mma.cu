@@ -169,6 +169,7 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
   float* part = xsum + (a.k * groups + 3) / 4 * 4;             // (k, kRows)
   __shared__ int32_t experts[kMaxSlots];
   __shared__ float slot_weights[kMaxSlots];
+  if (a.b_early) pdl_trigger();
   if (threadIdx.x == 0) {
     for (int sl = 0; sl < a.k; ++sl) mbar_init(&bars[sl], 1);
   }

@@ -43,20 +43,31 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   float* xs = reinterpret_cast<float*>(base + bulk::RowTile<BITS, ST>::bytes(kWarps * RPW, row_bytes, srow));
   if (threadIdx.x == 0) mbar_init(bar, 1);
   __syncthreads();
+  // indices_final: the expert is known before the wait (the indices' writer finished before the previous kernel let
+  // this one start).
+  const bool early = a.map.indices && a.map.indices_final;
   int64_t expert = 0;
-  if (a.map.indices) {
+  if (a.map.indices && !early) {
     pdl_enter();
     expert = gemv::pair_expert(a, pt, p, rpw);
     if (expert < 0) return;  // uniform; no copy was issued
   }
-  if (threadIdx.x == 0) {  // weights only: before the wait where the rows are known
+  if (early) {
+    const int64_t e = __ldcg(a.map.indices + p);
+    expert = e >= 0 && e < pt.w.n_stack ? e : -1;
+  }
+  if (threadIdx.x == 0 && expert >= 0) {  // weights only: before the wait where the rows are known
     mbar_arrive_expect(bar, unsigned(tile_rows * (row_bytes + 2 * srow)));
     bulk::issue_rows(pt.w, expert * out + r0, n_rows, tile, bar);
     if constexpr (GLU) bulk::issue_rows(a.w[1], expert * out + r0, n_rows, tile, bar, n_rows);
   }
   float nw[gemv::kNormRegs];
   gemv::load_norm(a, in, nw);
-  if (!a.map.indices) pdl_enter();
+  if (!a.map.indices || early) pdl_enter();
+  if (expert < 0) {  // a bad index (early): NaN rows and the error flag, written after the wait
+    gemv::pair_expert(a, pt, p, rpw);
+    return;
+  }
   stage_chunks(gemv::pair_x(a, in, p), in, xs);
   __syncthreads();
   if (a.f.norm_w) gemv::normalize_staged(a, in, p, xs, nw);

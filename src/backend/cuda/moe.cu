@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(kRankThreads)
 
 // Preconditions: grid-stride over n_tokens * hidden elements.
 __global__ void moe_weighted_sum_kernel(const float* y, const float* weights, int64_t n_tokens, int64_t k,
-                                        int64_t hidden, bool add, float* out) {
+                                        int64_t hidden, bool add, float* out, bool early) {
+  if (early) pdl_trigger();  // Ctx::pdl_early
   pdl_enter();
   const int64_t n = n_tokens * hidden;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -139,7 +140,7 @@ void launch_moe_weighted_sum(const Ctx& ctx, const float* y, const float* weight
   if (n == 0) return;
   // Launched with PDL like the decode kernels around it (the gather path's decode step).
   launch_k(ctx, moe_weighted_sum_kernel, elementwise_blocks(ctx, n, 256), 256, 0, y, weights, n_tokens, k, hidden, add,
-           out);
+           out, (ctx.pdl_early & 2) != 0);
 }
 
 void launch_glu(const Ctx& ctx, GluAct act, const float* gate, const float* up, int64_t n, float* out) {

@@ -37,10 +37,10 @@ size_t gather_scratch_bytes(const WeightView& w, int64_t n_tokens, int64_t k) {
 }
 
 void launch_gather_linear(const Ctx& ctx, const WeightView& w, const float* x, bool x_per_slot, const int32_t* indices,
-                          int64_t n_tokens, int64_t k, float* y, void* scratch) {
+                          int64_t n_tokens, int64_t k, float* y, void* scratch, bool indices_final) {
   const int64_t n_pairs = n_tokens * k;
   if (n_pairs == 0 || w.out == 0) return;
-  const PairMap map{indices, k, x_per_slot};
+  const PairMap map{indices, k, x_per_slot, indices_final};
   // Decode: all pairs (e.g. the k experts of one token) in one launch, grid (rows, pairs).
   if (n_tokens <= kGemvMaxTokens && launch_gemv(ctx, w, x, map, n_pairs, y)) return;
   int64_t max_tiles = 0;

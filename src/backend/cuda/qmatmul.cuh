@@ -56,7 +56,7 @@ size_t gather_scratch_bytes(const WeightView& w, int64_t n_tokens, int64_t k);
 // y (n_tokens, k, out): y[t, j] = w[indices[t, j]] @ x[t (, j)]. An index outside [0, n_stack) raises
 // kErrExpertIndex and fills its output row with NaN. `scratch` holds gather_scratch_bytes(...) bytes.
 void launch_gather_linear(const Ctx& ctx, const WeightView& w, const float* x, bool x_per_slot, const int32_t* indices,
-                          int64_t n_tokens, int64_t k, float* y, void* scratch);
+                          int64_t n_tokens, int64_t k, float* y, void* scratch, bool indices_final = false);
 
 // The first half of a GLU expert block's gather path: y (n_tokens, k, out) = act(gate[e] @ x[t]) * (up[e] @ x[t]),
 // e = indices[t, j], x (n_tokens, in), with one routing kernel and one tensor-core launch (the activation in its
@@ -148,6 +148,9 @@ struct PairMap {
   const int32_t* indices = nullptr;
   int64_t k = 1;
   bool x_per_slot = true;
+  // The indices' writer finished before the previous kernel passed its wait (which it does before letting this one
+  // start): the bulk kernel reads them, and issues its weight copies, before its own wait.
+  bool indices_final = false;
 };
 // Returns false (launching nothing) when x does not fit in shared memory; the caller then uses the tiled path.
 bool launch_gemv(const Ctx& ctx, const WeightView& w, const float* x, const PairMap& map, int64_t n_pairs, float* y);
