@@ -312,10 +312,11 @@ Tensor DecoderModel::forward_device(const Tensor& tok, KvCache& cache, bool all_
     feed_forward_add(be, l, ly.post_norm, eps, x, xn);
   }
   Tensor last = all_logits ? x : x.slice_rows(n - 1, n);
-  Tensor normed = be.scratch(DType::kF32, last.shape);
-  be.rms_norm(last, final_norm_, eps, normed);
+  // The final norm and the vocabulary projection as one op: a backend may normalize while it stages x (one launch).
   Tensor logits = be.scratch(DType::kF32, {last.dim(0), dc_.vocab_size});
-  be.linear(lm_head_, normed, logits);
+  const LinearWeight* heads[] = {&lm_head_};
+  Tensor* outs[] = {&logits};
+  be.rms_norm_linears(last, final_norm_, eps, heads, outs, nullptr);
   cache.length = pos0 + n;
   return logits;
 }
