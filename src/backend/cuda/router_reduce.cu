@@ -3,6 +3,7 @@
 // runs the block top-k. It replaces the router's own matrix-vector launch on the decode step's chain.
 // Used by: CudaBackend::linear_residual_norm_router.
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/moe.cuh"
@@ -120,17 +121,14 @@ void launch_router_reduce_topk(const Ctx& ctx, const RouterReduce& r, int64_t n_
                "router_reduce_topk: 1 to 256 experts and k <= min(n_experts, 32)");
   CUDA_REQUIRE(r.blocks >= 1 && r.d >= 1 && n_tokens < (int64_t(1) << 31), "router_reduce_topk: bad shape");
   const size_t smem = ctx.router_bulk ? router_bulk_bytes(ctx, r) : 0;
-  if (smem > 0) {
-    auto kernel = r.n_experts <= 64    ? router_reduce_topk_kernel<2, true>
-                  : r.n_experts <= 128 ? router_reduce_topk_kernel<4, true>
-                                       : router_reduce_topk_kernel<kWarpRouterExperts / 32, true>;
+  auto go = [&](auto bulk) {
+    constexpr bool kBulk = decltype(bulk)::value;
+    auto kernel = r.n_experts <= 64    ? router_reduce_topk_kernel<2, kBulk>
+                  : r.n_experts <= 128 ? router_reduce_topk_kernel<4, kBulk>
+                                       : router_reduce_topk_kernel<kWarpRouterExperts / 32, kBulk>;
     launch_k(ctx, kernel, unsigned(n_tokens), kRankThreads, smem, r);
-    return;
-  }
-  auto kernel = r.n_experts <= 64    ? router_reduce_topk_kernel<2, false>
-                : r.n_experts <= 128 ? router_reduce_topk_kernel<4, false>
-                                     : router_reduce_topk_kernel<kWarpRouterExperts / 32, false>;
-  launch_k(ctx, kernel, unsigned(n_tokens), kRankThreads, 0, r);
+  };
+  smem > 0 ? go(std::true_type{}) : go(std::false_type{});
 }
 
 }  // namespace moecel::cuda
