@@ -188,6 +188,20 @@ TEST_F(CudaOps, TensorCoreDecodeKernels) {
   run_linear(*this, mma, make_quant(0, 40, 16384, 4, 64, DType::kF16, rng), {1}, rng, "tensor cores, 16384 wide");
   // By default (MOECEL_CUDA_DECODE_MMA=2) a vocabulary-sized projection takes them too.
   run_linear(*this, cu(), make_quant(0, 20000, 512, 4, 64, DType::kBF16, rng), {1, 2}, rng, "default, 20000 rows");
+  // Each warp's ring of 2 or 4 stages instead of 3 (MOECEL_CUDA_MMA_STAGES): the same bytes.
+  const LinearWeight w = make_quant(0, 20000, 2048, 4, 64, DType::kF16, rng);
+  const Tensor x = host_random(DType::kF32, {1, 2048}, rng);
+  std::vector<float> outs[3];
+  const char* stages[] = {"3", "2", "4"};
+  for (int i = 0; i < 3; ++i) {
+    setenv("MOECEL_CUDA_MMA_STAGES", stages[i], 1);
+    CudaBackend be;
+    unsetenv("MOECEL_CUDA_MMA_STAGES");
+    Tensor y = be.alloc(DType::kF32, {1, 20000});
+    be.linear(be.to_device(w), be.to_device(x), y);
+    outs[i] = dev_vec<float>(be, y);
+    if (i > 0) EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[i].data(), outs[0].size() * 4)) << stages[i] << " stages";
+  }
 }
 
 TEST_F(CudaOps, DenseLinearAndGather) {

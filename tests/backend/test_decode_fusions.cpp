@@ -353,7 +353,8 @@ TEST_F(CudaOps, LinearResidualNormRouterMatchesTheOps) {
 }
 
 // The router reduction with its inputs moved into shared memory by bulk copies (MOECEL_CUDA_ROUTER_BULK, the
-// default) gives the bytes of its per-thread loads: the residual, xn, the logits, the indices and the weights.
+// default) gives the bytes of its per-thread loads: the residual, xn, the logits, the indices and the weights; so does
+// its variant specialized for OLMoE's exact shape (64 experts, hidden 2048; MOECEL_CUDA_ROUTER_EXACT=0 turns it off).
 TEST_F(CudaOps, RouterReduceBulkCopiesMatchTheLoads) {
   struct Case {
     int64_t n_experts;
@@ -367,12 +368,14 @@ TEST_F(CudaOps, RouterReduceBulkCopiesMatchTheLoads) {
     const Tensor norm = host_random(DType::kBF16, {kHidden}, rng, 0.5f, 1.5f);
     const Tensor att = host_random(DType::kF32, {c.n, c.o_in}, rng);
     const Tensor res = host_random(DType::kF32, {c.n, kHidden}, rng, -3.0f, 3.0f);
-    std::vector<float> vals[2];
-    std::vector<int32_t> ids[2];
-    for (int bulk = 0; bulk < 2; ++bulk) {
+    std::vector<float> vals[3];
+    std::vector<int32_t> ids[3];
+    for (int bulk = 0; bulk < 3; ++bulk) {  // loads, bulk copies, bulk copies without the exact-shape variant
       setenv("MOECEL_CUDA_ROUTER_BULK", bulk ? "1" : "0", 1);
+      setenv("MOECEL_CUDA_ROUTER_EXACT", bulk == 2 ? "0" : "1", 1);
       CudaBackend be;
       unsetenv("MOECEL_CUDA_ROUTER_BULK");
+      unsetenv("MOECEL_CUDA_ROUTER_EXACT");
       const LinearWeight dov = be.to_device(o), drv = be.to_device(r);
       const Tensor dnorm = be.to_device(norm), datt = be.to_device(att);
       Tensor x = be.to_device(res);
@@ -388,9 +391,11 @@ TEST_F(CudaOps, RouterReduceBulkCopiesMatchTheLoads) {
     }
     const std::string what =
         "experts " + std::to_string(c.n_experts) + " in " + std::to_string(c.o_in) + " n " + std::to_string(c.n);
-    ASSERT_EQ(vals[0].size(), vals[1].size()) << what;
-    EXPECT_EQ(0, std::memcmp(vals[0].data(), vals[1].data(), vals[0].size() * 4)) << what;
-    EXPECT_EQ(ids[0], ids[1]) << what;
+    for (int v = 1; v < 3; ++v) {
+      ASSERT_EQ(vals[0].size(), vals[v].size()) << what;
+      EXPECT_EQ(0, std::memcmp(vals[0].data(), vals[v].data(), vals[0].size() * 4)) << what << " variant " << v;
+      EXPECT_EQ(ids[0], ids[v]) << what << " variant " << v;
+    }
   }
 }
 

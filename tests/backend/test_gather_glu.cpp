@@ -93,41 +93,55 @@ TEST_F(CudaOps, GatherGluFallsBack) {
 }
 
 // At decode token counts the bulk-copy kernel computes gate and up and writes act(gate) * up
-// (MOECEL_CUDA_GEMV_BULK_GLU) at 2 or 4 rows per warp: bit for bit the gather products and the glu
-// launch, within the matrix-product threshold of the CPU; a bad expert index gives NaN rows and the error.
+// (MOECEL_CUDA_GEMV_BULK_GLU) at 2 or 4 rows per warp, its copies on 1, 4 or 8 barriers (MOECEL_CUDA_GEMV_STAGES, later
+// ones issued as earlier ones land): bit for bit the gather products and the glu launch and the same bytes for every
+// stage count, within the matrix-product threshold of the CPU; a bad expert index gives NaN rows and the error.
 TEST_F(CudaOps, GatherGluDecodeEpilogueMatchesTheOps) {
-  Rng rng(304);
-  for (const char* rows : {"2", "4"}) {
-    setenv("MOECEL_CUDA_GEMV_BULK_GLU", rows, 1);
-    CudaBackend be;
-    unsetenv("MOECEL_CUDA_GEMV_BULK_GLU");
-    const Case cases[] = {{4, 64, DType::kF16, kExperts, kFfn, kHidden, kTopK, 1, Activation::kSiLU},
-                          {4, 64, DType::kBF16, kExperts, kFfn, kHidden, kTopK, 3, Activation::kSiLU},
-                          {8, 32, DType::kF32, 5, 200, 96, 3, 1, Activation::kGeLU},  // a last tile of 8 rows
-                          {4, 128, DType::kF16, 6, 64, 256, 2, 2, Activation::kReLU2}};
-    for (const Case& c : cases) {
-      const std::string what = std::string("rows per warp ") + rows + " bits " + std::to_string(c.bits) + " ffn " +
-                               std::to_string(c.ffn) + " n " + std::to_string(c.n);
-      const LinearWeight gate = make_quant(c.experts, c.ffn, c.hidden, c.bits, c.group_size, c.sdtype, rng);
-      const LinearWeight up = make_quant(c.experts, c.ffn, c.hidden, c.bits, c.group_size, c.sdtype, rng);
-      Tensor x = host_random(DType::kF32, {c.n, c.hidden}, rng);
-      std::vector<int32_t> ids = random_experts(c.n, c.k, c.experts, rng);
-      Tensor ref = cpu.alloc(DType::kF32, {c.n, c.k, c.ffn});
-      cpu.gather_glu(gate, up, c.act, x, host_i32({c.n, c.k}, ids), ref);
-      const LinearWeight dg = be.to_device(gate), du = be.to_device(up);
-      const Tensor dx = be.to_device(x), didx = be.to_device(host_i32({c.n, c.k}, ids));
-      Tensor got = be.alloc(DType::kF32, {c.n, c.k, c.ffn});
-      be.gather_glu(dg, du, c.act, dx, didx, got);
-      const std::vector<float> g = dev_vec<float>(be, got),
-                               o = dev_vec<float>(be, glu_by_ops(be, dg, du, c.act, dx, didx));
-      EXPECT_EQ(0, std::memcmp(g.data(), o.data(), g.size() * 4)) << what << ": differs from the products + glu";
-      EXPECT_LE(nmse(g, host_vec(ref)), kMatmul) << what << " against the CPU";
-      ids[1] = int32_t(c.experts);  // slot 1 of token 0
-      be.gather_glu(dg, du, c.act, dx, be.to_device(host_i32({c.n, c.k}, ids)), got);
-      EXPECT_THROW(be.synchronize(), Error) << what;
-      const std::vector<float> bad = dev_vec<float>(be, got);
-      EXPECT_TRUE(std::isnan(bad[size_t(c.ffn)]) && std::isnan(bad[size_t(2 * c.ffn - 1)])) << what;
-      EXPECT_FALSE(std::isnan(bad[0])) << what;
+  const Case cases[] = {{4, 64, DType::kF16, kExperts, kFfn, kHidden, kTopK, 1, Activation::kSiLU},
+                        {4, 64, DType::kBF16, kExperts, kFfn, kHidden, kTopK, 3, Activation::kSiLU},
+                        {8, 32, DType::kF32, 5, 200, 96, 3, 1, Activation::kGeLU},  // a last tile of 8 rows
+                        {4, 128, DType::kF16, 6, 64, 256, 2, 2, Activation::kReLU2}};
+  std::vector<float> one_stage[2][std::size(cases)];  // [rows per warp][case], with MOECEL_CUDA_GEMV_STAGES=1
+  for (const char* stages : {"1", "4", "8"}) {
+    for (int ri = 0; ri < 2; ++ri) {
+      const char* rows = ri == 0 ? "2" : "4";
+      Rng rng(304);  // the same weights and indices for every stage count
+      setenv("MOECEL_CUDA_GEMV_BULK_GLU", rows, 1);
+      setenv("MOECEL_CUDA_GEMV_STAGES", stages, 1);
+      // Some stages' copies go out only as earlier stages land.
+      setenv("MOECEL_CUDA_GEMV_DEPTH", std::string(stages) == "8" ? "1" : "2", 1);
+      CudaBackend be;
+      unsetenv("MOECEL_CUDA_GEMV_BULK_GLU");
+      unsetenv("MOECEL_CUDA_GEMV_STAGES");
+      unsetenv("MOECEL_CUDA_GEMV_DEPTH");
+      for (size_t ci = 0; ci < std::size(cases); ++ci) {
+        const Case& c = cases[ci];
+        const std::string what = std::string("rows per warp ") + rows + " stages " + stages + " bits " +
+                                 std::to_string(c.bits) + " ffn " + std::to_string(c.ffn) + " n " + std::to_string(c.n);
+        const LinearWeight gate = make_quant(c.experts, c.ffn, c.hidden, c.bits, c.group_size, c.sdtype, rng);
+        const LinearWeight up = make_quant(c.experts, c.ffn, c.hidden, c.bits, c.group_size, c.sdtype, rng);
+        Tensor x = host_random(DType::kF32, {c.n, c.hidden}, rng);
+        std::vector<int32_t> ids = random_experts(c.n, c.k, c.experts, rng);
+        Tensor ref = cpu.alloc(DType::kF32, {c.n, c.k, c.ffn});
+        cpu.gather_glu(gate, up, c.act, x, host_i32({c.n, c.k}, ids), ref);
+        const LinearWeight dg = be.to_device(gate), du = be.to_device(up);
+        const Tensor dx = be.to_device(x), didx = be.to_device(host_i32({c.n, c.k}, ids));
+        Tensor got = be.alloc(DType::kF32, {c.n, c.k, c.ffn});
+        be.gather_glu(dg, du, c.act, dx, didx, got);
+        const std::vector<float> g = dev_vec<float>(be, got),
+                                 o = dev_vec<float>(be, glu_by_ops(be, dg, du, c.act, dx, didx));
+        EXPECT_EQ(0, std::memcmp(g.data(), o.data(), g.size() * 4)) << what << ": differs from the products + glu";
+        EXPECT_LE(nmse(g, host_vec(ref)), kMatmul) << what << " against the CPU";
+        if (std::string(stages) == "1") one_stage[ri][ci] = g;
+        ASSERT_EQ(g.size(), one_stage[ri][ci].size()) << what;
+        EXPECT_EQ(0, std::memcmp(g.data(), one_stage[ri][ci].data(), g.size() * 4)) << what << ": differs from 1 stage";
+        ids[1] = int32_t(c.experts);  // slot 1 of token 0
+        be.gather_glu(dg, du, c.act, dx, be.to_device(host_i32({c.n, c.k}, ids)), got);
+        EXPECT_THROW(be.synchronize(), Error) << what;
+        const std::vector<float> bad = dev_vec<float>(be, got);
+        EXPECT_TRUE(std::isnan(bad[size_t(c.ffn)]) && std::isnan(bad[size_t(2 * c.ffn - 1)])) << what;
+        EXPECT_FALSE(std::isnan(bad[0])) << what;
+      }
     }
   }
 }
@@ -146,11 +160,17 @@ TEST_F(CudaOps, GatherDownAfterGluMatchesWithoutEarlyExperts) {
   Tensor act = cpu.alloc(DType::kF32, {1, kTopK, kFfn}), ref = cpu.alloc(DType::kF32, {kTopK, kHidden});
   cpu.gather_glu(gate, up, Activation::kSiLU, x, idx, act);
   cpu.gather_linear(down, act, idx, ref);
-  std::vector<float> outs[2];
-  for (int early = 0; early < 2; ++early) {
+  std::vector<float> outs[3];
+  for (int early = 0; early < 3; ++early) {  // 2: early experts and the copies on 4 barriers
     setenv("MOECEL_CUDA_PDL_EARLY", early ? "6" : "0", 1);
+    setenv("MOECEL_CUDA_GEMV_STAGES", early == 2 ? "4" : "1", 1);
+    setenv("MOECEL_CUDA_GEMV_STAGES_DOWN", early == 2 ? "4" : "1", 1);
+    setenv("MOECEL_CUDA_GEMV_DEPTH", "1", 1);
     CudaBackend be;
     unsetenv("MOECEL_CUDA_PDL_EARLY");
+    unsetenv("MOECEL_CUDA_GEMV_STAGES");
+    unsetenv("MOECEL_CUDA_GEMV_STAGES_DOWN");
+    unsetenv("MOECEL_CUDA_GEMV_DEPTH");
     const LinearWeight dg = be.to_device(gate), du = be.to_device(up), dd = be.to_device(down);
     const Tensor dx = be.to_device(x), didx = be.to_device(idx);
     Tensor a = be.alloc(DType::kF32, {1, kTopK, kFfn}), y = be.alloc(DType::kF32, {kTopK, kHidden});
@@ -168,6 +188,7 @@ TEST_F(CudaOps, GatherDownAfterGluMatchesWithoutEarlyExperts) {
     EXPECT_FALSE(std::isnan(got[0])) << "early " << early;
   }
   EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4));
+  EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[2].data(), outs[0].size() * 4)) << "copies on 4 barriers";
   EXPECT_LE(nmse(outs[1], host_vec(ref)), kMatmul);
 }
 

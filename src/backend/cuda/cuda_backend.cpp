@@ -132,9 +132,17 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   // up 4, OLMoE the same as 2 since the down product's copies go out before its wait, Qwen3-30B-A3B +1.6%).
   impl_->ctx.gemv_bulk_gather = knob_from_env("MOECEL_CUDA_GEMV_BULK_GATHER", 4, {0, 2, 4});
   impl_->ctx.gemv_bulk_glu = knob_from_env("MOECEL_CUDA_GEMV_BULK_GLU", 4, {0, 2, 4});
+  // The gather products' copies in two stages, the second issued as the first lands; kernel A's up rows issued as its
+  // gate rows land; the router reduction for its exact shape; two ring stages in the lm_head (docs/benchmarks.md,
+  // thirteenth tree).
+  impl_->ctx.gemv_stages = knob_from_env("MOECEL_CUDA_GEMV_STAGES", 2, {1, 2, 4, 8});
+  impl_->ctx.gemv_down_stages = knob_from_env("MOECEL_CUDA_GEMV_STAGES_DOWN", 2, {1, 2, 4, 8});
+  impl_->ctx.gemv_depth = knob_from_env("MOECEL_CUDA_GEMV_DEPTH", 1, {1, 2, 3, 4, 6, 8});
   // Earlier starts, bulk router inputs and cache rows into L2 (docs/benchmarks.md, twelfth tree).
   impl_->ctx.pdl_early = knob_from_env("MOECEL_CUDA_PDL_EARLY", 6, {0, 1, 2, 3, 4, 5, 6, 7});
   impl_->ctx.router_bulk = knob_from_env("MOECEL_CUDA_ROUTER_BULK", 1, {0, 1}) == 1;
+  impl_->ctx.router_exact = knob_from_env("MOECEL_CUDA_ROUTER_EXACT", 1, {0, 1}) == 1;
+  impl_->ctx.mma_stages = knob_from_env("MOECEL_CUDA_MMA_STAGES", 2, {2, 3, 4});
   impl_->ctx.kv_prefetch_rows = knob_from_env("MOECEL_CUDA_KV_PREFETCH", 1024, {0, 256, 1024, 4096});
   impl_->ctx.extra_launches = knob_from_env("MOECEL_CUDA_EXTRA_LAUNCHES", 0, {0, 1, 2, 4});
   impl_->ctx.skip = std::getenv("MOECEL_CUDA_SKIP");  // "list" prints every launch (name, grid) instead

@@ -46,6 +46,13 @@ struct Ctx {
   // The same kernel for the gather path's decode gate + up with the activation in its epilogue (rows per warp:
   // half of them gate's, half up's; MOECEL_CUDA_GEMV_BULK_GLU: 0 = off, the products then the glu launch).
   int gemv_bulk_glu = 4;
+  // Barriers the gather path's bulk gate + up (and down) products split each block's row copies over, in the warps'
+  // order, so the first warps start on their rows while the rest arrive (MOECEL_CUDA_GEMV_STAGES, _STAGES_DOWN: 1, 2,
+  // 4 or 8).
+  int gemv_stages = 2;
+  int gemv_down_stages = 2;
+  // Of those, how many are in flight at once (MOECEL_CUDA_GEMV_DEPTH): the next goes out as the earliest lands.
+  int gemv_depth = 1;
   // Earlier starts in the decode chain (MOECEL_CUDA_PDL_EARLY bits, default 6): 1 kernel B of the fused path and 2 the
   // gather path's weighted sum let the next kernel (the next layer's q/k/v, which reads only weights before its
   // wait) launch as they start, so its weight copies go out while they run (1 measured slower); 4 the gather path's
@@ -55,6 +62,11 @@ struct Ctx {
   // The router reduction's shares, y and sums of squares moved into shared memory by bulk copies after its wait
   // (MOECEL_CUDA_ROUTER_BULK; 0: per-thread loads).
   bool router_bulk = true;
+  // The router reduction specialized for its exact shape where it has one (MOECEL_CUDA_ROUTER_EXACT; the same sums).
+  bool router_exact = true;
+  // Ring stages per warp of the tensor-core matrix-vector kernel (the lm_head; MOECEL_CUDA_MMA_STAGES: 2, 3 or 4):
+  // fewer stages, more resident blocks.
+  int mma_stages = 2;
   // The decode attention blocks request up to this many of their latest cache rows into L2 before their wait
   // (MOECEL_CUDA_KV_PREFETCH; 0: none).
   int kv_prefetch_rows = 1024;

@@ -96,25 +96,37 @@ void launch_bulk(const Ctx& ctx, Kernel kernel, dim3 grid, size_t smem, const Fu
   launch_k(ctx, kernel, grid, kThreads, smem, a, ctx.error_flag);
 }
 
-// Kernel A's start: initializes the block's barrier, waits for the kernels before (the indices and x come from
+// Kernel A's start: initializes the block's barriers, waits for the kernels before (the indices and x come from
 // them), reads slot j's expert and has thread 0 issue the copies of its n gate and up rows from row r0 into gt and
-// ut, completing on bar. Every thread calls it; returns whether the expert index is valid (uniform over the block).
+// ut: with stages 1 all complete on bar[0]; else gate's on bar[0] and up's on bar[1], up's issued now with stages 2
+// and by issue_up once gate's have landed with 3. Every thread calls it; returns whether the expert index is valid
+// (uniform over the block).
 template <int BITS, typename ST>
 __device__ __forceinline__ bool gate_up_prologue(const FusedMoeArgs& a, int j, int64_t r0, int n,
                                                  const RowTile<BITS, ST>& gt, const RowTile<BITS, ST>& ut,
-                                                 uint64_t* bar) {
-  if (threadIdx.x == 0) mbar_init(bar, 1);
+                                                 uint64_t* bar, int stages = 1) {
+  if (threadIdx.x < 2) mbar_init(bar + threadIdx.x, 1);
   __syncthreads();
   pdl_enter();
   const int32_t e = a.indices[j];
   const bool valid = e >= 0 && e < a.gate.n_stack;
   if (threadIdx.x == 0 && valid) {
-    mbar_arrive_expect(bar, unsigned(2 * n * (gt.row_bytes + 2 * gt.srow_bytes)));
+    const unsigned bytes = unsigned(n * (gt.row_bytes + 2 * gt.srow_bytes));
     const int64_t row = int64_t(e) * a.gate.out + r0;
+    mbar_arrive_expect(bar, stages == 1 ? 2 * bytes : bytes);
     issue_rows(a.gate, row, n, gt, bar);
-    issue_rows(a.up, row, n, ut, bar);
+    if (stages == 2) mbar_arrive_expect(bar + 1, bytes);
+    if (stages <= 2) issue_rows(a.up, row, n, ut, stages == 1 ? bar : bar + 1);
   }
   return valid;
+}
+
+// The up rows' copies of gate_up_prologue with stages 3 (thread 0, once bar[0] has completed).
+template <int BITS, typename ST>
+__device__ __forceinline__ void issue_up(const FusedMoeArgs& a, int j, int64_t r0, int n, const RowTile<BITS, ST>& ut,
+                                         uint64_t* bar) {
+  mbar_arrive_expect(bar + 1, unsigned(n * (ut.row_bytes + 2 * ut.srow_bytes)));
+  issue_rows(a.up, int64_t(a.indices[j]) * a.up.out + r0, n, ut, bar + 1);
 }
 
 // The tensor-core kernels A and B (fused_moe_bulk_mma.cu) where they apply (4-/8-bit weights, group size 32, 64 or

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   unsigned char* planes = base + 2 * tile_bytes;
   float* xsum = reinterpret_cast<float*>(planes + 3 * plane);
   float* part = xsum + (groups + 3) / 4 * 4;  // (kWarps, 2 * kRows)
-  const bool valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0]);
+  const bool valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0], a.a_stages);
   const bool vec = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
   mma_stage<GS>(
       hidden, [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, vec, v); }, planes, xsum);
@@ -115,14 +115,28 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   // Lane (gid, t) loads x's B fragments from plane gid (hi, mid, lo; lanes with gid >= 3 hold zero columns).
   const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * 16;
   float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [tile][row gid, row gid + 8]
-  mbar_wait(&bars[0], 0);
-  for (int64_t g = warp; g < groups; g += kWarps) {
-    const float xs = t == 0 ? xsum[g] : 0.0f;
+  if (a.a_stages == 1) {
+    mbar_wait(&bars[0], 0);
+    for (int64_t g = warp; g < groups; g += kWarps) {
+      const float xs = t == 0 ? xsum[g] : 0.0f;
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tile_group_mma<BITS, GS>(tiles[m].base, row_bytes, g, bp, g, gid, t, d);
+        fold_group(tiles[m], g, xs, gid, d, acc[m]);
+      }
+    }
+  } else {  // the gate tile as soon as it lands, then the up tile: each row's sums in the same order
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      tile_group_mma<BITS, GS>(tiles[m].base, row_bytes, g, bp, g, gid, t, d);
-      fold_group(tiles[m], g, xs, gid, d, acc[m]);
+      mbar_wait(&bars[m], 0);
+      if (m == 0 && a.a_stages == 3 && threadIdx.x == 0) issue_up(a, j, r0, kRows, tiles[1], &bars[0]);
+      for (int64_t g = warp; g < groups; g += kWarps) {
+        const float xs = t == 0 ? xsum[g] : 0.0f;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tile_group_mma<BITS, GS>(tiles[m].base, row_bytes, g, bp, g, gid, t, d);
+        fold_group(tiles[m], g, xs, gid, d, acc[m]);
+      }
     }
   }
 #pragma unroll

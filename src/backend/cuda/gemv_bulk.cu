@@ -19,6 +19,45 @@ using gemv::GemvArgs;
 using gemv::kThreads;
 constexpr int kWarps = gemv::kWarps;
 
+// A stage's bulk copy: its global source, its destination (an offset into the dynamic shared memory) and bytes
+// (0: none).
+struct PendingCopy {
+  const unsigned char* src;
+  uint32_t dst, bytes;
+};
+constexpr int kMaxStages = 8, kStageCopies = 6;  // per stage: each part's packed rows, scales and biases
+constexpr size_t kPendingBytes = kMaxStages * kStageCopies * sizeof(PendingCopy);
+
+// issue_rows's three copies (rows [row, row + n) of w to the tile from its row `first`), recorded in p[0 .. 3).
+template <int BITS, typename ST>
+__device__ __forceinline__ void record_rows(const WeightView& w, int64_t row, int n,
+                                            const bulk::RowTile<BITS, ST>& tile, int first, const unsigned char* smem,
+                                            PendingCopy* p) {
+  const unsigned char* scales = tile.base + tile.n_rows * tile.row_bytes + first * tile.srow_bytes;
+  const uint32_t sb = uint32_t(n * tile.srow_bytes);
+  p[0] = {static_cast<const unsigned char*>(w.w) + row * tile.row_bytes,
+          uint32_t(tile.base + first * tile.row_bytes - smem), uint32_t(n * tile.row_bytes)};
+  p[1] = {static_cast<const unsigned char*>(w.scales) + row * tile.srow_bytes, uint32_t(scales - smem), sb};
+  p[2] = {static_cast<const unsigned char*>(w.biases) + row * tile.srow_bytes,
+          uint32_t(scales + tile.n_rows * tile.srow_bytes - smem), sb};
+}
+
+// Announces a recorded stage's bytes on its barrier and issues its N copies.
+template <int N>
+__device__ __forceinline__ void issue_pending(const PendingCopy* p, unsigned char* smem, uint64_t* bar) {
+  PendingCopy c[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) c[i] = p[i];
+  unsigned total = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) total += c[i].bytes;
+  mbar_arrive_expect(bar, total);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if (c[i].bytes > 0) bulk_copy(smem + c[i].dst, c[i].src, c[i].bytes, bar);
+  }
+}
+
 // Grid (the blocks of every part, kWarps * RPW rows each; pairs). Pair p reads expert map.indices[p] when given (the
 // copies then wait for the kernel that wrote the indices; else they go out before the wait). With a.glu, a block's
 // rows are kWarps * RPW / 2 rows of part 0 (gate) and the same rows of part 1 (up): each warp sums RPW / 2 rows of
@@ -36,12 +75,18 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   const int64_t p = blockIdx.y, in = pt.w.in, out = pt.w.out, n_chunks = in / kChunk, r0 = pt.block * kRows;
   const int n_rows = int(bulk::min64(kRows, out - r0));
   const int64_t row_bytes = bulk::packed_row_bytes(in, BITS), srow = bulk::scale_row_bytes<ST>(in, pt.w.group_size);
-  auto* bar = reinterpret_cast<uint64_t*>(smem4);
-  unsigned char* base = reinterpret_cast<unsigned char*>(smem4) + bulk::kBarBytes;
+  unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
+  auto* bar = reinterpret_cast<uint64_t*>(smem);
+  unsigned char* base = smem + bulk::kBarBytes;
   const int tile_rows = GLU ? 2 * n_rows : n_rows;  // with glu: gate's rows, then up's
   const bulk::RowTile<BITS, ST> tile{base, row_bytes, srow, tile_rows};
   float* xs = reinterpret_cast<float*>(base + bulk::RowTile<BITS, ST>::bytes(kWarps * RPW, row_bytes, srow));
-  if (threadIdx.x == 0) mbar_init(bar, 1);
+  auto* pending = reinterpret_cast<PendingCopy*>(xs + n_chunks * kChunkPad);  // only with stages > depth
+  // a.stages barriers: stage s holds the rows of warps [s * kWarps / stages, (s + 1) * kWarps / stages) of each part.
+  // The first a.depth stages' copies go out at once; the rest wait in `pending` until lane 0 of stage s's first warp
+  // issues stage s + depth's once its own rows have landed, so the bytes arrive in stage order and the first warps
+  // compute while the rest arrive. (Recorded in shared memory: kept in registers, they made the kernel spill.)
+  if (threadIdx.x < a.stages) mbar_init(bar + threadIdx.x, 1);
   __syncthreads();
   // indices_final: the expert is known before the wait (the indices' writer finished before the previous kernel let
   // this one start).
@@ -57,9 +102,26 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
     expert = e >= 0 && e < pt.w.n_stack ? e : -1;
   }
   if (threadIdx.x == 0 && expert >= 0) {  // weights only: before the wait where the rows are known
-    mbar_arrive_expect(bar, unsigned(tile_rows * (row_bytes + 2 * srow)));
-    bulk::issue_rows(pt.w, expert * out + r0, n_rows, tile, bar);
-    if constexpr (GLU) bulk::issue_rows(a.w[1], expert * out + r0, n_rows, tile, bar, n_rows);
+    if (a.stages == 1) {                  // straight copies: with no wait before them they are on the chain
+      mbar_arrive_expect(bar, unsigned(tile_rows * (row_bytes + 2 * srow)));
+      bulk::issue_rows(pt.w, expert * out + r0, n_rows, tile, bar);
+      if constexpr (GLU) bulk::issue_rows(a.w[1], expert * out + r0, n_rows, tile, bar, n_rows);
+    } else {
+      const int srows = kRows >> (3 - a.stage_shift);  // rows of a part per stage (kWarps == 8)
+      for (int s = 0; s < a.stages; ++s) {
+        const int first = s * srows, n = max(0, min(srows, n_rows - first));
+        const int64_t row = expert * out + r0 + first;
+        if (s < a.depth) {
+          mbar_arrive_expect(bar + s, unsigned((GLU ? 2 : 1) * n * (row_bytes + 2 * srow)));
+          if (n == 0) continue;
+          bulk::issue_rows(pt.w, row, n, tile, bar + s, first);
+          if constexpr (GLU) bulk::issue_rows(a.w[1], row, n, tile, bar + s, n_rows + first);
+        } else {
+          record_rows(pt.w, row, n, tile, first, smem, pending + s * kStageCopies);
+          if constexpr (GLU) record_rows(a.w[1], row, n, tile, n_rows + first, smem, pending + s * kStageCopies + 3);
+        }
+      }
+    }
   }
   float nw[gemv::kNormRegs];
   gemv::load_norm(a, in, nw);
@@ -86,9 +148,14 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
 #pragma unroll
   for (int i = 0; i < RPW; ++i) acc[i] = 0.0f;
   auto x_of = [&](int) { return xs; };
-  mbar_wait(bar, 0);
-  for (int64_t c = lane; c < n_chunks; c += 32) {
-    const int64_t g = c >> gshift;
+  const int stage = warp >> a.stage_shift;  // warps per stage: 1 << stage_shift
+  mbar_wait(bar + stage, 0);
+  if (lane == 0 && (warp & ((1 << a.stage_shift) - 1)) == 0 && stage + a.depth < a.stages) {
+    const int s2 = stage + a.depth;
+    issue_pending<GLU ? 6 : 3>(pending + s2 * kStageCopies, smem, bar + s2);
+  }
+  for (int c = lane; c < int(n_chunks); c += 32) {  // 32-bit indices: a 64-bit one cost the loop a spilled register
+    const int g = c >> gshift;
     uint32_t wd[RPW][BITS];
     float sc[RPW], bi[RPW];
 #pragma unroll
@@ -151,10 +218,16 @@ bool gemv::launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
     }
   }
   const int rows = kWarps * rpw;
+  // Each stage's scales and biases must be whole 16-byte spans (stage starts are multiples of its rows).
+  const int part_rows = a.glu >= 0 ? rows / 2 : rows;
+  a.stages = !gather ? 1 : a.glu >= 0 ? ctx.gemv_stages : ctx.gemv_down_stages;
+  a.depth = gather ? ctx.gemv_depth : 1;
+  while (a.stages > 1 && (part_rows / a.stages) * bulk::scale_row_bytes_of(w) % 16 != 0) a.stages /= 2;
+  a.stage_shift = __builtin_ctz(unsigned(kWarps / a.stages));
   const size_t smem =
       bulk::kBarBytes +
       size_t(bulk::RowTile<4, float>::bytes(rows, bulk::packed_row_bytes(w.in, w.bits), bulk::scale_row_bytes_of(w))) +
-      bulk::staged_floats_bytes(w.in);
+      bulk::staged_floats_bytes(w.in) + (a.stages > a.depth ? kPendingBytes : 0);
   if (w.in % kChunk != 0 || smem > size_t(ctx.max_smem_optin)) return false;
   int64_t blocks = 0;
   if (a.glu >= 0) {  // one block per rows / 2 rows of both parts

@@ -20,8 +20,11 @@ struct GemvArgs {
   const float* x;
   PairMap map;
   unsigned* err;
-  GemvFusion f;  // the decode fusions (qmatmul.cuh); all off for a plain product
-  int glu = -1;  // >= 0 (a GluAct): y[0] = act(part 0) * part 1, row by row (launch_gather_glu_gemv)
+  GemvFusion f;         // the decode fusions (qmatmul.cuh); all off for a plain product
+  int glu = -1;         // >= 0 (a GluAct): y[0] = act(part 0) * part 1, row by row (launch_gather_glu_gemv)
+  int stages = 1;       // gemv_bulk_kernel: barriers a block's row copies are split over (1, 2, 4 or 8)
+  int depth = 1;        // gemv_bulk_kernel: stages in flight at once
+  int stage_shift = 3;  // gemv_bulk_kernel: log2 of the warps per stage (8 / stages)
 };
 
 // Part of the launch this block works on, without indexing the parameter arrays dynamically (which would copy

@@ -19,14 +19,14 @@ struct MmaSmem {
   size_t planes, xsum, part, ring, bytes;
 };
 
-MmaSmem mma_smem(int64_t in, int gs, int tiles, int stage_bytes) {
+MmaSmem mma_smem(int64_t in, int gs, int tiles, int stage_bytes, int stages) {
   const int64_t n_slices = (in + kMmaSlice - 1) / kMmaSlice;
   MmaSmem m{};
   m.planes = size_t(in / kChunk) * kChunkPad * sizeof(float);
   m.xsum = m.planes + 3 * size_t(mma_plane_bytes(in));
   m.part = m.xsum + (size_t(in / gs) * sizeof(float) + 15) / 16 * 16;
   m.ring = m.part + size_t(tiles) * n_slices * kMmaTileRows * sizeof(float);
-  m.bytes = m.ring + size_t(kWarps) * kMmaStages * stage_bytes;
+  m.bytes = m.ring + size_t(kWarps) * stages * stage_bytes;
   return m;
 }
 
@@ -37,8 +37,9 @@ struct MmaShape {
   MmaSmem smem;
 };
 
-// Grid (resident blocks, n_pairs); virtual blocks (tiles of every part) are walked grid-stride.
-template <int BITS, int GS, typename ST>
+// Grid (resident blocks, n_pairs); virtual blocks (tiles of every part) are walked grid-stride. S: each warp's ring
+// stages (pipeline()).
+template <int BITS, int GS, typename ST, int S>
 __global__ void __launch_bounds__(kThreads) qgemv_mma_kernel(GemvArgs a, MmaShape sh) {
   using Stage = MmaStage<BITS, GS, ST>;
   extern __shared__ float4 smem4[];
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) qgemv_mma_kernel(GemvArgs a, MmaShap
       return;
     }
   }
-  unsigned char* ring = smem + sh.smem.ring + warp * (kMmaStages * Stage::kBytes);
+  unsigned char* ring = smem + sh.smem.ring + warp * (S * Stage::kBytes);
   // This warp's task in round rd: tile `unit` of the virtual block, slice `slice`; or none.
   auto task = [&](const Round& rd, Part& pt, int& unit, int& slice) {
     pt = part_of_block(a, unsigned(rd.vb));
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(kThreads) qgemv_mma_kernel(GemvArgs a, MmaShap
   };
   float nw[kNormRegs];
   load_norm(a, in, nw);
-  pipeline(
+  pipeline<S>(
       rm, issue, compute,
       [&] {
         pdl_enter();
@@ -142,8 +143,8 @@ __global__ void __launch_bounds__(kThreads) qgemv_mma_kernel(GemvArgs a, MmaShap
 
 // Launches as many blocks as are resident at once (split over the pairs), at most one per virtual block.
 template <int BITS, int GS, typename ST>
-MmaSmem smem_for(int64_t in, int tiles) {
-  return mma_smem(in, GS, tiles, MmaStage<BITS, GS, ST>::kBytes);
+MmaSmem smem_for(int64_t in, int tiles, int stages = kMmaStages) {
+  return mma_smem(in, GS, tiles, MmaStage<BITS, GS, ST>::kBytes, stages);
 }
 
 template <int BITS, int GS, typename ST>
@@ -154,13 +155,23 @@ bool fits(const Ctx& ctx, const WeightView& w) {
 }
 
 // As many blocks as are resident at once (split over the pairs), at most one per virtual block.
-template <int BITS, int GS, typename ST>
-void launch_grid(const Ctx& ctx, const GemvArgs& a, MmaShape sh, int64_t n_pairs) {
-  sh.smem = smem_for<BITS, GS, ST>(a.w[0].in, sh.tiles);
-  auto kernel = qgemv_mma_kernel<BITS, GS, ST>;
+template <int BITS, int GS, typename ST, int S>
+void launch_grid_s(const Ctx& ctx, const GemvArgs& a, MmaShape sh, int64_t n_pairs) {
+  sh.smem = smem_for<BITS, GS, ST>(a.w[0].in, sh.tiles, S);
+  auto kernel = qgemv_mma_kernel<BITS, GS, ST, S>;
   const int64_t resident = int64_t(resident_per_sm(kernel, kThreads, sh.smem.bytes)) * std::max(ctx.sm_count, 1);
   const dim3 grid{unsigned(std::min(sh.n_vb, std::max<int64_t>(1, resident / n_pairs))), unsigned(n_pairs)};
   launch_k(ctx, kernel, grid, kThreads, sh.smem.bytes, a, sh);
+}
+
+// Ctx::mma_stages ring stages where they fit (fits() checked the default's), else the default.
+template <int BITS, int GS, typename ST>
+void launch_grid(const Ctx& ctx, const GemvArgs& a, MmaShape sh, int64_t n_pairs) {
+  if (ctx.mma_stages == 2) return launch_grid_s<BITS, GS, ST, 2>(ctx, a, sh, n_pairs);
+  if (ctx.mma_stages == 4 && smem_for<BITS, GS, ST>(a.w[0].in, sh.tiles, 4).bytes <= size_t(ctx.max_smem_optin)) {
+    return launch_grid_s<BITS, GS, ST, 4>(ctx, a, sh, n_pairs);
+  }
+  launch_grid_s<BITS, GS, ST, kMmaStages>(ctx, a, sh, n_pairs);
 }
 
 }  // namespace

@@ -18,7 +18,10 @@ constexpr int kBatch = 32;  // parts loaded at once per thread
 // Preconditions (launch_router_reduce_topk): blockDim.x == kRankThreads; 1 <= n_experts <= 32 * kPerLane <= 256;
 // 1 <= k <= min(n_experts, 32). kBulk: the parts, y and the sums of squares are first moved into shared memory by
 // three bulk copies (router_bulk_bytes; spans 16-byte aligned multiples of 16 bytes), the same sums in the same order.
-template <int kPerLane, bool kBulk>
+// kExact (fast_shape): n_experts == 32 * kPerLane, d == kYRegs * kRankThreads and blocks a multiple of a batch, so the
+// expert count, d and every load's offset are compile-time constants: the same sums in the same order with no bounds
+// tests or index arithmetic (the kernel is bound by its instruction count on one SM).
+template <int kPerLane, bool kBulk, bool kExact>
 __global__ void __launch_bounds__(kRankThreads) router_reduce_topk_kernel(RouterReduce r) {
   extern __shared__ float4 rsm4[];  // kBulk: parts (blocks, n_experts), y (d), sumsq (blocks)
   __shared__ RouterRankSmem rank;
@@ -26,8 +29,8 @@ __global__ void __launch_bounds__(kRankThreads) router_reduce_topk_kernel(Router
   __shared__ float sums[kRankThreads];
   __shared__ float logit[32 * kPerLane];
   __shared__ uint64_t bar;
-  const int64_t t = blockIdx.x, d = r.d;
-  const int tid = threadIdx.x, n_e = r.n_experts;
+  const int64_t t = blockIdx.x, d = kExact ? int64_t(kYRegs) * kRankThreads : r.d;
+  const int tid = threadIdx.x, n_e = kExact ? 32 * kPerLane : r.n_experts;
   float nw[kYRegs];
 #pragma unroll
   for (int j = 0; j < kYRegs; ++j) {
@@ -71,7 +74,16 @@ __global__ void __launch_bounds__(kRankThreads) router_reduce_topk_kernel(Router
   // n_q sums are added in q order below.
   const int n_q = kRankThreads / n_e, e = tid % n_e, q = tid / n_e;
   float s = 0.0f;
-  if (q < n_q) {
+  if (kExact) {  // n_q * n_e == kRankThreads: every thread sums; offsets from one base
+    for (int b0 = q; b0 < r.blocks; b0 += kBatch * n_q) {
+      const float* pb = parts + b0 * n_e + e;
+      float v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) v[j] = pb[j * n_q * n_e];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) s += v[j];
+    }
+  } else if (q < n_q) {
     for (int b0 = q; b0 < r.blocks; b0 += kBatch * n_q) {
       float v[kBatch];
 #pragma unroll
@@ -88,6 +100,7 @@ __global__ void __launch_bounds__(kRankThreads) router_reduce_topk_kernel(Router
   const float inv = 1.0f / sqrtf(ss / float(d) + r.eps);
   if (tid < n_e) {
     float l = 0.0f;
+#pragma unroll
     for (int j = 0; j < n_q; ++j) l += sums[j * n_e + tid];
     logit[tid] = l * inv;  // the top-k below reads them after its first barrier
     r.logits[t * n_e + tid] = l * inv;
@@ -102,6 +115,13 @@ __global__ void __launch_bounds__(kRankThreads) router_reduce_topk_kernel(Router
   }
   block_router_topk_n<kPerLane, true>(logit, n_e, r.k, r.topk_softmax, r.renormalize, r.indices + t * r.k,
                                       r.weights + t * r.k, rank);
+}
+
+// kExact's shape (router_reduce_topk_kernel).
+template <int kPerLane>
+bool fast_shape(const RouterReduce& r) {
+  const int n_q = kRankThreads / (32 * kPerLane);
+  return r.n_experts == 32 * kPerLane && r.d == int64_t(kYRegs) * kRankThreads && r.blocks % (kBatch * n_q) == 0;
 }
 
 // Shared memory of the bulk variant, or 0 where its spans are not 16-byte multiples or do not fit.
@@ -123,9 +143,12 @@ void launch_router_reduce_topk(const Ctx& ctx, const RouterReduce& r, int64_t n_
   const size_t smem = ctx.router_bulk ? router_bulk_bytes(ctx, r) : 0;
   auto go = [&](auto bulk) {
     constexpr bool kBulk = decltype(bulk)::value;
-    auto kernel = r.n_experts <= 64    ? router_reduce_topk_kernel<2, kBulk>
-                  : r.n_experts <= 128 ? router_reduce_topk_kernel<4, kBulk>
-                                       : router_reduce_topk_kernel<kWarpRouterExperts / 32, kBulk>;
+    const bool exact = ctx.router_exact;
+    auto kernel = r.n_experts <= 64    ? (exact && fast_shape<2>(r) ? router_reduce_topk_kernel<2, kBulk, true>
+                                                                    : router_reduce_topk_kernel<2, kBulk, false>)
+                  : r.n_experts <= 128 ? (exact && fast_shape<4>(r) ? router_reduce_topk_kernel<4, kBulk, true>
+                                                                    : router_reduce_topk_kernel<4, kBulk, false>)
+                                       : router_reduce_topk_kernel<kWarpRouterExperts / 32, kBulk, false>;
     launch_k(ctx, kernel, unsigned(n_tokens), kRankThreads, smem, r);
   };
   smem > 0 ? go(std::true_type{}) : go(std::false_type{});
