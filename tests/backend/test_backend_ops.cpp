@@ -501,6 +501,32 @@ TEST_F(CudaOps, RouterTiesGoToTheLowerIndex) {
   check_router(*this, cu(), logits, RouterScoring::kTopKSoftmax, int(kTopK), true, "ties, top-k softmax");
 }
 
+// The block top-k ranks NaN after every number (the lower index first among NaNs) and -0 equal to +0 (the lower index
+// first): its order over all 24 experts against a host model of that rule (raw logits ranked: top-k softmax scoring).
+TEST_F(CudaOps, RouterRanksNanLastAndSignedZerosEqual) {
+  constexpr int64_t kN = 24;
+  Tensor logits = make_host_tensor(DType::kF32, {1, kN});
+  float* l = logits.ptr<float>();
+  for (int64_t e = 0; e < kN; ++e) l[e] = -1.0f - 0.25f * float(e % 5);  // repeated values: ties
+  l[3] = l[17] = NAN;
+  l[9] = -0.0f;
+  l[7] = 0.0f;
+  l[12] = INFINITY;
+  l[4] = -INFINITY;
+  std::vector<int32_t> want(kN);
+  std::iota(want.begin(), want.end(), 0);
+  std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) {
+    const bool na = std::isnan(l[a]), nb = std::isnan(l[b]);
+    if (na || nb) return !na && nb;  // numbers before NaN; stable: lower index first
+    return l[a] > l[b];              // -0 == +0: stable keeps the lower index first
+  });
+  Tensor idx = cu().alloc(DType::kI32, {1, kN}), w = cu().alloc(DType::kF32, {1, kN});
+  cu().router_topk(cu().to_device(logits), RouterScoring::kTopKSoftmax, int(kN), false, idx, w);
+  EXPECT_EQ(dev_vec<int32_t>(cu(), idx), want);
+  EXPECT_EQ(want[1], 7);  // after +inf (12): +0 at index 7 and -0 at index 9 tie, 7 first
+  EXPECT_EQ(want[2], 9);
+}
+
 TEST_F(CudaOps, MoeWeightedSum) {
   Rng rng(14);
   for (int64_t n : {1, 7, 64}) {

@@ -29,13 +29,24 @@ void launch_glu(const Ctx& ctx, GluAct act, const float* gate, const float* up, 
 #ifdef __CUDACC__
 // Router top-k pieces (launch_router_topk's semantics) for block_router_topk below.
 
+// A score's rank key: a larger key ranks first (NaN below every number, -0 equal to +0); equal keys rank the lower
+// expert index first. router_score inverts it, and the weights come from it: it changes only -0 (to +0: a raw logit
+// with top-k softmax, which takes exp(score - max) of it) and a NaN's payload.
+__device__ __forceinline__ uint32_t router_key(float v) {
+  const uint32_t u = __float_as_uint(v + 0.0f);  // -0 + 0 = +0
+  return isnan(v) ? 0u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float router_score(uint32_t key) {
+  return key == 0u ? __int_as_float(0x7fc00000) : __uint_as_float((key & 0x80000000u) ? key & 0x7fffffffu : ~key);
+}
+
 // The scores of one token by one warp: lane + 32 i holds expert lane + 32 i (n_experts <= 32 * kPerLane); softmax
 // over all experts in f32 unless topk_softmax (then the raw logits). `l` is read through L2 (__ldcg), so the last
 // block of the kernel that wrote it may call this, or with kShared from this block's shared memory. Also stores
-// them to ps[0..n_experts) (shared memory).
+// their rank keys (router_key) to keys[0..n_experts) (shared memory).
 template <int kPerLane, bool kShared = false>
 __device__ __forceinline__ void warp_router_scores(const float* l, int n_experts, bool topk_softmax,
-                                                   float (&sc)[kPerLane], float* ps) {
+                                                   float (&sc)[kPerLane], uint32_t* keys) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
@@ -61,15 +72,8 @@ __device__ __forceinline__ void warp_router_scores(const float* l, int n_experts
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
-    if (e < n_experts) ps[e] = sc[i];
+    if (e < n_experts) keys[e] = router_key(sc[i]);
   }
-}
-
-// Whether expert e2 (score u) ranks before expert e (score v): larger score first, the lower index on a tie, NaN
-// after every number. An expert's rank is the number of experts ranked before it.
-__device__ __forceinline__ int warp_router_rank_before(float u, int e2, float v, int e) {
-  const bool u_nan = isnan(u);
-  return isnan(v) ? (!u_nan || e2 < e) : (!u_nan && (u > v || (u == v && e2 < e)));
 }
 
 // The k selected scores (by rank) become the routing weights, by one thread: k values, sequential, in the CPU
@@ -92,7 +96,7 @@ constexpr int kRankThreads = 256;  // block_router_topk's block size
 
 // Shared memory of block_router_topk.
 struct RouterRankSmem {
-  float ps[kWarpRouterExperts];
+  uint32_t key[kWarpRouterExperts];  // router_key of each expert's score
   float sel_w[32];
   int sel_i[32];
 };
@@ -102,7 +106,9 @@ struct RouterRankSmem {
 // (kRankThreads / (32 * kPerLane) threads per expert, partial counts added by shuffles), so OLMoE's 64 x 64
 // comparisons take 16 steps per thread instead of 128 in one warp (the one-warp version cost ~9 us of each decode
 // layer as a kernel of its own: one warp's dependent instructions, not the work). Every thread of the block calls
-// it; it starts and ends with a barrier. kShared: `l` is in this block's shared memory.
+// it; it starts with a barrier and ends with one unless the selected scores are the weights (no softmax over the
+// selected, no renormalization), which the ranking threads then write themselves. kShared: `l` is in this block's
+// shared memory.
 template <int kPerLane, bool kShared = false>
 __device__ __forceinline__ void block_router_topk_n(const float* l, int n_experts, int k, bool topk_softmax,
                                                     bool renormalize, int32_t* idx, float* w, RouterRankSmem& sm) {
@@ -110,17 +116,28 @@ __device__ __forceinline__ void block_router_topk_n(const float* l, int n_expert
   __syncthreads();                                    // sm may still be read by a previous call
   if (threadIdx.x < 32) {
     float sc[kPerLane];
-    warp_router_scores<kPerLane, kShared>(l, n_experts, topk_softmax, sc, sm.ps);
+    warp_router_scores<kPerLane, kShared>(l, n_experts, topk_softmax, sc, sm.key);
   }
   __syncthreads();
   const int e = threadIdx.x / kG, part = threadIdx.x % kG;
-  const float v = e < n_experts ? sm.ps[e] : 0.0f;
+  const uint32_t mine = e < n_experts ? sm.key[e] : 0u;
+  const float v = router_score(mine);
   int r = 0;
   if (e < n_experts) {
-    for (int e2 = part; e2 < n_experts; e2 += kG) r += warp_router_rank_before(sm.ps[e2], e2, v, e);
+    for (int e2 = part; e2 < n_experts; e2 += kG) {
+      const uint32_t o = sm.key[e2];
+      r += o > mine || (o == mine && e2 < e);
+    }
   }
 #pragma unroll
   for (int o = 1; o < kG; o <<= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  if (!topk_softmax && !renormalize) {  // the selected scores are the weights: written by the ranking threads
+    if (part == 0 && e < n_experts && r < k) {
+      idx[r] = e;
+      w[r] = v;
+    }
+    return;
+  }
   if (part == 0 && e < n_experts && r < k) {
     sm.sel_i[r] = e;
     sm.sel_w[r] = v;
