@@ -57,20 +57,27 @@ struct RowTile {
   }
 };
 
-// Lane 0 of a warp issues the copies of rows [row, row + n) of w into `tile` from its row `first` (16-byte aligned
-// offsets: first a multiple of 8), completing on `bar`: the rows are contiguous, so three copies (packed rows,
-// scales, biases) move them all; a copy per row or per row segment measured slower (the copy unit's per-instruction
-// cost, not the bytes, bounded it).
+// The copies of rows [row, row + n) of w into `tile` from its row `first` (16-byte aligned offsets: first a multiple
+// of 8), each passed to copy(src, dst, bytes): the rows are contiguous, so three copies (packed rows, scales, biases)
+// move them all; a copy per row or per row segment measured slower (the copy unit's per-instruction cost, not the
+// bytes, bounded it).
+template <int BITS, typename ST, class Copy>
+__device__ __forceinline__ void row_copies(const WeightView& w, int64_t row, int n, const RowTile<BITS, ST>& tile,
+                                           int first, Copy copy) {
+  const unsigned sb = unsigned(n * tile.srow_bytes);
+  unsigned char* scales = tile.base + tile.n_rows * tile.row_bytes + first * tile.srow_bytes;
+  copy(static_cast<const unsigned char*>(w.w) + row * tile.row_bytes, tile.base + first * tile.row_bytes,
+       unsigned(n * tile.row_bytes));
+  copy(static_cast<const unsigned char*>(w.scales) + row * tile.srow_bytes, scales, sb);
+  copy(static_cast<const unsigned char*>(w.biases) + row * tile.srow_bytes, scales + tile.n_rows * tile.srow_bytes, sb);
+}
+
+// Issues row_copies, completing on `bar` (one thread).
 template <int BITS, typename ST>
 __device__ void issue_rows(const WeightView& w, int64_t row, int n, const RowTile<BITS, ST>& tile, uint64_t* bar,
                            int first = 0) {
-  bulk_copy(tile.base + first * tile.row_bytes, static_cast<const unsigned char*>(w.w) + row * tile.row_bytes,
-            unsigned(n * tile.row_bytes), bar);
-  const unsigned sb = unsigned(n * tile.srow_bytes);
-  unsigned char* scales = tile.base + tile.n_rows * tile.row_bytes + first * tile.srow_bytes;
-  bulk_copy(scales, static_cast<const unsigned char*>(w.scales) + row * tile.srow_bytes, sb, bar);
-  bulk_copy(scales + tile.n_rows * tile.srow_bytes, static_cast<const unsigned char*>(w.biases) + row * tile.srow_bytes,
-            sb, bar);
+  row_copies(w, row, n, tile, first,
+             [&](const unsigned char* src, unsigned char* dst, unsigned bytes) { bulk_copy(dst, src, bytes, bar); });
 }
 
 // Whether a matrix's rows can be bulk-copied: 4 or 8 bits (packed rows a multiple of 16 bytes), 16-byte aligned

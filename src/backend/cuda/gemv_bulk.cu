@@ -18,6 +18,7 @@ namespace {
 using gemv::GemvArgs;
 using gemv::kThreads;
 constexpr int kWarps = gemv::kWarps;
+static_assert(kWarps == 8, "gemv_bulk_kernel's stages: stage_shift = log2(8 / stages)");
 
 // A stage's bulk copy: its global source, its destination (an offset into the dynamic shared memory) and bytes
 // (0: none).
@@ -28,18 +29,15 @@ struct PendingCopy {
 constexpr int kMaxStages = 8, kStageCopies = 6;  // per stage: each part's packed rows, scales and biases
 constexpr size_t kPendingBytes = kMaxStages * kStageCopies * sizeof(PendingCopy);
 
-// issue_rows's three copies (rows [row, row + n) of w to the tile from its row `first`), recorded in p[0 .. 3).
+// bulk::row_copies recorded in p[0 .. 3) for a warp to issue later.
 template <int BITS, typename ST>
 __device__ __forceinline__ void record_rows(const WeightView& w, int64_t row, int n,
                                             const bulk::RowTile<BITS, ST>& tile, int first, const unsigned char* smem,
                                             PendingCopy* p) {
-  const unsigned char* scales = tile.base + tile.n_rows * tile.row_bytes + first * tile.srow_bytes;
-  const uint32_t sb = uint32_t(n * tile.srow_bytes);
-  p[0] = {static_cast<const unsigned char*>(w.w) + row * tile.row_bytes,
-          uint32_t(tile.base + first * tile.row_bytes - smem), uint32_t(n * tile.row_bytes)};
-  p[1] = {static_cast<const unsigned char*>(w.scales) + row * tile.srow_bytes, uint32_t(scales - smem), sb};
-  p[2] = {static_cast<const unsigned char*>(w.biases) + row * tile.srow_bytes,
-          uint32_t(scales + tile.n_rows * tile.srow_bytes - smem), sb};
+  int i = 0;
+  bulk::row_copies(w, row, n, tile, first, [&](const unsigned char* src, const unsigned char* dst, unsigned bytes) {
+    p[i++] = {src, uint32_t(dst - smem), bytes};
+  });
 }
 
 // Announces a recorded stage's bytes on its barrier and issues its N copies.
