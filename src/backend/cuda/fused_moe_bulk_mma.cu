@@ -115,28 +115,17 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   // Lane (gid, t) loads x's B fragments from plane gid (hi, mid, lo; lanes with gid >= 3 hold zero columns).
   const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * 16;
   float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [tile][row gid, row gid + 8]
-  if (a.a_stages == 1) {
-    mbar_wait(&bars[0], 0);
+  // The gate tile as soon as it lands, then the up tile (with one barrier both are there after the first wait): each
+  // row's sums in group order.
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    mbar_wait(&bars[a.a_stages == 1 ? 0 : m], 0);
+    if (m == 0 && a.a_stages == 3 && threadIdx.x == 0) issue_up(a, j, r0, kRows, tiles[1], &bars[0]);
     for (int64_t g = warp; g < groups; g += kWarps) {
       const float xs = t == 0 ? xsum[g] : 0.0f;
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        tile_group_mma<BITS, GS>(tiles[m].base, row_bytes, g, bp, g, gid, t, d);
-        fold_group(tiles[m], g, xs, gid, d, acc[m]);
-      }
-    }
-  } else {  // the gate tile as soon as it lands, then the up tile: each row's sums in the same order
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      mbar_wait(&bars[m], 0);
-      if (m == 0 && a.a_stages == 3 && threadIdx.x == 0) issue_up(a, j, r0, kRows, tiles[1], &bars[0]);
-      for (int64_t g = warp; g < groups; g += kWarps) {
-        const float xs = t == 0 ? xsum[g] : 0.0f;
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        tile_group_mma<BITS, GS>(tiles[m].base, row_bytes, g, bp, g, gid, t, d);
-        fold_group(tiles[m], g, xs, gid, d, acc[m]);
-      }
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tile_group_mma<BITS, GS>(tiles[m].base, row_bytes, g, bp, g, gid, t, d);
+      fold_group(tiles[m], g, xs, gid, d, acc[m]);
     }
   }
 #pragma unroll

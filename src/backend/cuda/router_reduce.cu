@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kRankThreads) router_reduce_topk_kernel(Router
   // n_q sums are added in q order below.
   const int n_q = kRankThreads / n_e, e = tid % n_e, q = tid / n_e;
   float s = 0.0f;
-  if (kExact) {  // n_q * n_e == kRankThreads: every thread sums; offsets from one base
+  if constexpr (kExact) {  // n_q * n_e == kRankThreads: every thread sums; offsets from one base
     for (int b0 = q; b0 < r.blocks; b0 += kBatch * n_q) {
       const float* pb = parts + b0 * n_e + e;
       float v[kBatch];
