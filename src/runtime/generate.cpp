@@ -45,7 +45,7 @@ int32_t GreedyStepper::step(int32_t id, bool more) {
   Backend& be = model_.backend();
   if (want_graph_ && !graph_) {
     ids_ = be.alloc(DType::kI32, {1});
-    next_ = be.alloc(DType::kI32, {1});
+    next_ = ids_;  // a step's output is the next step's input: chained steps need no copy between them
     const int64_t len = cache_.length;
     moe_trace::Recording recording;  // the graph's MoE dispatches, counted once per replay
     graph_ = be.capture_decode(

@@ -42,8 +42,13 @@ namespace {
 class CudaDecodeGraph final : public DecodeGraph {
  public:
   CudaDecodeGraph(CudaBackend::Impl* impl, cudaGraphExec_t exec, std::vector<std::shared_ptr<void>> blocks, Tensor ids,
-                  Tensor next)
-      : impl_(impl), exec_(exec), blocks_(std::move(blocks)), ids_(std::move(ids)), next_(std::move(next)) {
+                  Tensor next, bool advances)
+      : impl_(impl),
+        exec_(exec),
+        blocks_(std::move(blocks)),
+        ids_(std::move(ids)),
+        next_(std::move(next)),
+        advances_(advances) {
     for (cudaEvent_t& e : done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   ~CudaDecodeGraph() override {
@@ -61,14 +66,20 @@ class CudaDecodeGraph final : public DecodeGraph {
     StepIo& io = impl_->io_host[slot];
     io.pos = pos;
     io.id = id;
-    CUDA_CHECK(cudaMemcpyAsync(impl_->step_pos_dev, &io.pos, sizeof(int64_t), cudaMemcpyHostToDevice, s));
-    if (chain) {
-      CUDA_CHECK(cudaMemcpyAsync(ids_.data, next_.data, sizeof(int32_t), cudaMemcpyDeviceToDevice, s));
-    } else {
+    // Each copy between two replays costs the chain microseconds: the position is copied only where the graph
+    // before did not leave it there (its argmax advances it), and a chained id not at all where the graph reads
+    // its input from the word its argmax writes (ids and next one tensor).
+    if (pos != impl_->step_pos_next) {
+      CUDA_CHECK(cudaMemcpyAsync(impl_->step_pos_dev, &io.pos, sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    }
+    impl_->step_pos_next = advances_ ? pos + 1 : pos;
+    if (!chain) {
       CUDA_CHECK(cudaMemcpyAsync(ids_.data, &io.id, sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    } else if (ids_.data != next_.data) {
+      CUDA_CHECK(cudaMemcpyAsync(ids_.data, next_.data, sizeof(int32_t), cudaMemcpyDeviceToDevice, s));
     }
     CUDA_CHECK(cudaGraphLaunch(exec_, s));
-    CUDA_CHECK(cudaMemcpyAsync(&io.next, next_.data, sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    if (!advances_) CUDA_CHECK(cudaMemcpyAsync(&io.next, next_.data, sizeof(int32_t), cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaEventRecord(done_[slot], s));
   }
 
@@ -76,7 +87,10 @@ class CudaDecodeGraph final : public DecodeGraph {
     MOECEL_CHECK(slot == 0 || slot == 1, "decode graph: bad slot {}", slot);
     CUDA_CHECK(cudaEventSynchronize(done_[slot]));
     impl_->check_flag();  // bad input flagged by the kernels so far
-    return impl_->io_host[slot].next;
+    const StepIo& io = impl_->io_host[slot];
+    // An advancing graph's argmax wrote the id to the host word of its position's parity (two steps in flight have
+    // different parities).
+    return advances_ ? __atomic_load_n(&impl_->next_host[io.pos & 1], __ATOMIC_ACQUIRE) : io.next;
   }
 
  private:
@@ -85,6 +99,7 @@ class CudaDecodeGraph final : public DecodeGraph {
   std::vector<std::shared_ptr<void>> blocks_;
   Tensor ids_, next_;
   cudaEvent_t done_[2] = {};
+  bool advances_;  // a replay leaves step_pos_dev one past its position
 };
 
 cuda::GluAct glu_act(Activation act) {
@@ -119,10 +134,16 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->ctx.error_flag), impl_->flag_host, 0));
   CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->io_host), 2 * sizeof(StepIo), cudaHostAllocDefault));
   impl_->io_host[0] = impl_->io_host[1] = StepIo{};
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->next_host), 2 * sizeof(int32_t), cudaHostAllocMapped));
+  impl_->next_host[0] = impl_->next_host[1] = 0;
+  CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->next_mapped), impl_->next_host, 0));
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl_->step_pos_dev), sizeof(int64_t)));
   CUDA_CHECK(cudaMemset(impl_->step_pos_dev, 0, sizeof(int64_t)));
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl_->counter_dev), sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(impl_->counter_dev, 0, sizeof(unsigned)));
+#if defined(MOECEL_CUDA_PROBE)
+  if (std::getenv("MOECEL_CUDA_PROBE_OUT")) impl_->probe = cuda::probe_start(1u << 22);
+#endif
   impl_->ctx.block_counter = impl_->counter_dev;
   // Programmatic dependent launch (cuda_common.cuh): on unless MOECEL_CUDA_PDL=0 (for measuring its gain).
   impl_->ctx.pdl = knob_from_env("MOECEL_CUDA_PDL", 1, {0, 1}) == 1;
@@ -164,6 +185,8 @@ std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const std::function<voi
   // Relaxed: the caching allocator may cudaMalloc a new block while the stream is recorded.
   CUDA_CHECK(cudaStreamBeginCapture(im.ctx.stream, cudaStreamCaptureModeRelaxed));
   im.capturing = true;
+  im.graph_advances = false;
+  im.step_pos_next = -1;  // recording ran nothing, but be safe: the next replay copies the position
   im.ctx.step_pos = im.step_pos_dev;
   cudaGraph_t graph = nullptr;
   try {
@@ -186,7 +209,7 @@ std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const std::function<voi
   const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   CUDA_CHECK(err);
-  return std::make_unique<CudaDecodeGraph>(impl_.get(), exec, std::move(blocks), ids, next);
+  return std::make_unique<CudaDecodeGraph>(impl_.get(), exec, std::move(blocks), ids, next, im.graph_advances);
 }
 
 CudaBackend::~CudaBackend() = default;

@@ -320,7 +320,13 @@ void CudaBackend::argmax_to(const Tensor& logits, Tensor& ids) {
   MOECEL_CHECK(ids.dtype == DType::kI32 && ids.numel() == n, "argmax: ids must be I32 with {} elements, got {} {}", n,
                dtype_name(ids.dtype), shape_str(ids.shape));
   const std::shared_ptr<void> part = impl_->scratch(cuda::argmax_scratch_bytes(n));
-  cuda::launch_argmax(impl_->ctx, logits.ptr<float>(), n, v, ids.ptr<int32_t>(), part.get());
+  // Recording a decode step: its first argmax also advances the step position and writes its id to the host, so
+  // that replays need no copies for either (CudaDecodeGraph::launch).
+  Impl& im = *impl_;
+  int64_t* advance = im.capturing && !im.graph_advances ? im.step_pos_dev : nullptr;
+  im.graph_advances = im.graph_advances || advance;
+  cuda::launch_argmax(im.ctx, logits.ptr<float>(), n, v, ids.ptr<int32_t>(), part.get(), advance,
+                      n == 1 ? im.next_mapped : nullptr);
 }
 
 // ---- ops of the qwen2_moe / qwen3_moe / dots1 blocks (bias_ops.cu, router_grouped.cu) ----

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -75,16 +76,30 @@ struct CudaBackend::Impl {
   int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)
   unsigned* counter_dev = nullptr;  // ctx.block_counter
   StepIo* io_host = nullptr;        // pinned, one per decode graph slot (DecodeGraph::launch)
+  // Mapped pinned words a decode graph's argmax writes its id to, by the parity of the step position.
+  int32_t* next_host = nullptr;
+  int32_t* next_mapped = nullptr;  // their device address
   bool capturing = false;
+  bool graph_advances = false;  // the decode graph being recorded increments step_pos_dev (argmax_to)
+  // The value step_pos_dev will hold once the work enqueued so far has run (-1: not known).
+  int64_t step_pos_next = -1;
   std::vector<std::shared_ptr<void>> captured;  // blocks handed out while recording: reserved for the graph
 
+#if defined(MOECEL_CUDA_PROBE)
+  cuda::ProbeBuffer* probe = nullptr;
+#endif
+
   ~Impl() {  // errors ignored: this may run while the process exits
+#if defined(MOECEL_CUDA_PROBE)
+    if (probe) cuda::probe_dump(probe, std::getenv("MOECEL_CUDA_PROBE_OUT"));
+#endif
     if (ctx.stream) {
       cudaStreamSynchronize(ctx.stream);
       cudaStreamDestroy(ctx.stream);
     }
     if (flag_host) cudaFreeHost(flag_host);
     if (io_host) cudaFreeHost(io_host);
+    if (next_host) cudaFreeHost(next_host);
     if (step_pos_dev) cudaFree(step_pos_dev);
     if (counter_dev) cudaFree(counter_dev);
     cudaGetLastError();
@@ -113,7 +128,9 @@ struct CudaBackend::Impl {
     if (capturing) captured.push_back(p);
     return p;
   }
-  std::shared_ptr<void> scratch(size_t bytes) { return get(std::max<size_t>(bytes, 16)); }
+  std::shared_ptr<void> scratch(size_t bytes) {
+    return get(std::max<size_t>(bytes, 16));
+  }
 };
 
 }  // namespace moecel

@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   mma_stage<GS>(
       hidden, [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, vec, v); }, planes, xsum);
   __syncthreads();
+  probe_mark(0);
   if (!valid) {  // uniform over the block; no barrier follows
     if (threadIdx.x == 0) raise_device_error(err, kErrExpertIndex);
     if (threadIdx.x < kRows) a.act[j * ffn + r0 + threadIdx.x] = __int_as_float(0x7fc00000);
@@ -120,7 +121,9 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
     mbar_wait(&bars[a.a_stages == 1 ? 0 : m], 0);
+    probe_mark(1 + m);
     if (m == 0 && a.a_stages == 3 && threadIdx.x == 0) issue_up(a, j, r0, kRows, tiles[1], &bars[0]);
+#pragma unroll 2  // the groups' loads and MMAs are independent (only the folds into acc are ordered)
     for (int64_t g = warp; g < groups; g += kWarps) {
       const float xs = t == 0 ? xsum[g] : 0.0f;
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -150,6 +153,7 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
     }
     a.act[j * ffn + r0 + r] = glu_value<ACT>(gsum, usum);
   }
+  probe_mark(3);
 }
 
 // Kernel B: grid (hidden / 16), a 16-row tile of down rows for each of the k slots per block, every slot's copies
@@ -191,12 +195,15 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
   pdl_enter();
   stage_act_planes<GS>(a.act, a.k * ffn, planes, xsum);
   __syncthreads();
+  probe_mark(0);
   const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * 16;
   for (int sl = warp; sl < a.k; sl += kWarps) {
     if (!valid_expert(experts[sl], a.down.n_stack)) continue;  // its sum is never read
     const RowTile<BITS, ST> tl = tile(sl);
     mbar_wait(&bars[sl], 0);
+    if (sl == 0) probe_mark(1);
     float acc[2] = {0.0f, 0.0f};
+#pragma unroll 4  // as kernel A's group loop: several groups' MMA chains in flight per warp
     for (int64_t gl = 0; gl < groups; ++gl) {
       const int64_t g = sl * groups + gl;
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -210,6 +217,7 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
       part[sl * kRows + gid + 8] = acc[1];
     }
   }
+  probe_mark(2);
   __syncthreads();
   if (threadIdx.x < kRows) {
     const int r = threadIdx.x;
@@ -224,6 +232,7 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
     }
     a.out[r0 + r] = a.residual ? res + out : out;
   }
+  probe_mark(3);
 }
 
 }  // namespace

@@ -133,6 +133,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   if (a.f.norm_w) gemv::normalize_staged(a, in, p, xs, nw);
   stage_xsums(xs, n_chunks);
   __syncthreads();
+  probe_mark(0);
   const int64_t row0 = r0 + warp * rpw;
   if (row0 >= out) return;  // warp 0 always stays: the block outlives its copies
   const int gshift = __ffs(pt.w.group_size / kChunk) - 1;
@@ -148,6 +149,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   auto x_of = [&](int) { return xs; };
   const int stage = warp >> a.stage_shift;  // warps per stage: 1 << stage_shift
   mbar_wait(bar + stage, 0);
+  if (stage == 0) probe_mark(1);
   if (lane == 0 && (warp & ((1 << a.stage_shift) - 1)) == 0 && stage + a.depth < a.stages) {
     const int s2 = stage + a.depth;
     issue_pending<GLU ? 6 : 3>(pending + s2 * kStageCopies, smem, bar + s2);
@@ -166,6 +168,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   }
 #pragma unroll
   for (int i = 0; i < RPW; ++i) acc[i] = warp_sum(acc[i]);
+  probe_mark(2);
   if (lane == 0) {
     if constexpr (GLU) {
 #pragma unroll

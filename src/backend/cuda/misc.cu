@@ -62,7 +62,8 @@ constexpr int kArgmaxThreads = 1024;
 constexpr int kArgmaxMaxBlocks = 64;
 
 __global__ void __launch_bounds__(kArgmaxThreads)
-    argmax_kernel(const float* logits, int64_t vocab, float* part_v, int* part_i, unsigned* counter, int32_t* out) {
+    argmax_kernel(const float* logits, int64_t vocab, float* part_v, int* part_i, unsigned* counter, int32_t* out,
+                  int64_t* advance, int32_t* host_out) {
   __shared__ float red_v[32];
   __shared__ int red_i[32];
   __shared__ bool last;
@@ -98,8 +99,15 @@ __global__ void __launch_bounds__(kArgmaxThreads)
     }
     block_argmax(v, i, red_v, red_i);
     if (threadIdx.x == 0) out[r] = i < 0 ? 0 : i;
+    if (threadIdx.x == 0 && host_out) {
+      host_out[*advance & 1] = i < 0 ? 0 : i;
+      __threadfence_system();
+    }
   }
-  if (threadIdx.x == 0) *counter = 0u;
+  if (threadIdx.x == 0) {
+    *counter = 0u;
+    if (advance) *advance += 1;
+  }
 }
 
 // Grid-stride copy of n_tokens * width floats of k and v into the caches at row pos0 (or *step_pos).
@@ -156,7 +164,8 @@ size_t argmax_scratch_bytes(int64_t n_rows) {
   return size_t(n_rows) * kArgmaxMaxBlocks * (sizeof(float) + sizeof(int));
 }
 
-void launch_argmax(const Ctx& ctx, const float* logits, int64_t n_rows, int64_t vocab, int32_t* out, void* scratch) {
+void launch_argmax(const Ctx& ctx, const float* logits, int64_t n_rows, int64_t vocab, int32_t* out, void* scratch,
+                   int64_t* advance, int32_t* host_out) {
   if (n_rows == 0) return;
   CUDA_REQUIRE(vocab >= 1 && vocab < (int64_t(1) << 31), "argmax: vocab must be in [1, 2^31)");
   const int64_t blocks = std::min<int64_t>(kArgmaxMaxBlocks, (vocab + kArgmaxThreads - 1) / kArgmaxThreads);
@@ -166,7 +175,8 @@ void launch_argmax(const Ctx& ctx, const float* logits, int64_t n_rows, int64_t 
   for (int64_t r0 = 0; r0 < n_rows; r0 += kMaxGridY) {
     const int64_t rows = std::min(kMaxGridY, n_rows - r0);
     launch_k(ctx, argmax_kernel, dim3(unsigned(blocks), unsigned(rows)), kArgmaxThreads, 0, logits + r0 * vocab, vocab,
-             part_v, part_i, ctx.block_counter, out + r0);
+             part_v, part_i, ctx.block_counter, out + r0, r0 + rows == n_rows ? advance : nullptr,
+             n_rows == 1 && advance ? host_out : nullptr);
   }
 }
 
