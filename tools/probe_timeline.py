@@ -6,10 +6,9 @@ returned, in us from the step's first return, as medians over the steady-state s
 Usage: probe_timeline.py FILE [--step-grid 264x1] [--skip 8]
 """
 import argparse
-import sys
-
 import statistics
 import struct
+import sys
 
 
 def main():

@@ -45,15 +45,14 @@ int32_t GreedyStepper::step(int32_t id, bool more) {
   Backend& be = model_.backend();
   if (want_graph_ && !graph_) {
     ids_ = be.alloc(DType::kI32, {1});
-    next_ = ids_;  // a step's output is the next step's input: chained steps need no copy between them
     const int64_t len = cache_.length;
     moe_trace::Recording recording;  // the graph's MoE dispatches, counted once per replay
     graph_ = be.capture_decode(
         [&] {
           Tensor logits = model_.forward_device(ids_, cache_, false);  // (1, vocab_size)
-          be.argmax_to(logits, next_);
+          be.argmax_to(logits, ids_);
         },
-        ids_, next_);
+        ids_, ids_);
     cache_.length = len;  // recording ran nothing
     graph_dispatches_ = recording.counts();
     if (!graph_) want_graph_ = false;  // the backend has no graphs

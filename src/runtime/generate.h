@@ -51,7 +51,9 @@ class GreedyStepper {
   Model& model_;
   KvCache& cache_;
   bool want_graph_;
-  Tensor ids_, next_;  // the graph's input and output token, (1,) I32 on the backend
+  // The graph's input token and, written by its argmax, its output: one (1,) I32 on the backend, so a chained step
+  // needs no copy between replays.
+  Tensor ids_;
   std::unique_ptr<DecodeGraph> graph_;
   moe_trace::Counts graph_dispatches_;  // MoE dispatches recorded in graph_ (one replay = one decode step)
   struct Ahead {                        // the step enqueued ahead, if any

@@ -325,8 +325,7 @@ void CudaBackend::argmax_to(const Tensor& logits, Tensor& ids) {
   Impl& im = *impl_;
   int64_t* advance = im.capturing && !im.graph_advances ? im.step_pos_dev : nullptr;
   im.graph_advances = im.graph_advances || advance;
-  cuda::launch_argmax(im.ctx, logits.ptr<float>(), n, v, ids.ptr<int32_t>(), part.get(), advance,
-                      n == 1 ? im.next_mapped : nullptr);
+  cuda::launch_argmax(im.ctx, logits.ptr<float>(), n, v, ids.ptr<int32_t>(), part.get(), advance, im.next_mapped);
 }
 
 // ---- ops of the qwen2_moe / qwen3_moe / dots1 blocks (bias_ops.cu, router_grouped.cu) ----
