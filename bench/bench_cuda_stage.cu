@@ -1,0 +1,115 @@
+// What staging a freshly written vector costs a decode kernel: a chain of PDL kernels in a CUDA graph, each block
+// of each step loading the whole vector the step before wrote (as kernels A/B and the projections stage x or act),
+// a block-wide sum of squares, then its slice of the next vector. Varied: the vector's size, the blocks per step,
+// and the number of replicas the writer stores (block b reads replica b % R), which spreads the readers over more
+// L2 lines; "clean" reads a vector written once before the chain instead (the same loads, no fresh lines).
+// Prints microseconds per step. Built only with the CUDA backend.
+// Usage: bench_cuda_stage [--steps N] [--reps N]
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace {
+
+constexpr int kThreads = 256, kMaxFloats = 8192;
+
+// x: replicas of n floats, `stride` floats apart; reads replica blockIdx.x % r_read, writes all r_write of y.
+__global__ void __launch_bounds__(kThreads)
+    stage_kernel(const float* x, float* y, int n, int r_read, int r_write, int64_t stride) {
+  __shared__ float4 xs[kMaxFloats / 4];
+  __shared__ float red[kThreads / 32];
+  moecel::cuda::pdl_wait();
+  moecel::cuda::pdl_trigger();
+  const float4* src = reinterpret_cast<const float4*>(x + (blockIdx.x % r_read) * stride);
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < n / 4; i += kThreads) {
+    const float4 v = __ldcg(src + i);
+    xs[i] = v;
+    s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = s;
+  __syncthreads();
+  float total = 0.0f;
+  for (int i = 0; i < kThreads / 32; ++i) total += red[i];
+  const float inv = rsqrtf(total / n + 1e-5f);
+  const float* xf = reinterpret_cast<const float*>(xs);
+  const int per = (n + gridDim.x - 1) / gridDim.x;
+  for (int i = threadIdx.x; i < per * r_write; i += kThreads) {
+    const int rep = i / per, j = blockIdx.x * per + i % per;
+    if (j < n) y[rep * stride + j] = xf[j] * inv;
+  }
+}
+
+int arg_int(int argc, char** argv, const char* name, int def) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
+  }
+  return def;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int steps = arg_int(argc, argv, "--steps", 128), reps = arg_int(argc, argv, "--reps", 50);
+  constexpr int kMaxReplicas = 16;
+  const int64_t stride = kMaxFloats + 64;  // floats between replicas (not a power of two apart)
+  float *a, *b, *c;
+  CUDA_CHECK(cudaMalloc(&a, stride * kMaxReplicas * 4));
+  CUDA_CHECK(cudaMalloc(&b, stride * kMaxReplicas * 4));
+  CUDA_CHECK(cudaMalloc(&c, stride * kMaxReplicas * 4));
+  CUDA_CHECK(cudaMemset(a, 0, stride * kMaxReplicas * 4));
+  CUDA_CHECK(cudaMemset(b, 0, stride * kMaxReplicas * 4));
+  CUDA_CHECK(cudaMemset(c, 0, stride * kMaxReplicas * 4));
+  cudaStream_t st;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  std::printf("%d SMs, %d threads per block, %d steps per graph, %d replays\n", sms, kThreads, steps, reps);
+  std::printf("%-6s %7s %7s %8s %12s\n", "mode", "floats", "blocks", "replicas", "us_per_step");
+  auto run = [&](bool clean, int n, int blocks, int r) {
+    cudaGraph_t g;
+    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    moecel::cuda::Ctx ctx;
+    ctx.stream = st;
+    for (int s = 0; s < steps; ++s) {
+      cudaLaunchAttribute attr;
+      const cudaLaunchConfig_t cfg = moecel::cuda::launch_config(ctx, dim3(blocks), dim3(kThreads), 0, attr);
+      const float* x = clean ? c : (s & 1) ? b : a;
+      float* y = (s & 1) ? a : b;
+      CUDA_CHECK(cudaLaunchKernelEx(&cfg, stage_kernel, x, y, n, r, clean ? 1 : r, stride));
+    }
+    CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    cudaGraphExec_t ge;
+    CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    CUDA_CHECK(cudaGraphLaunch(ge, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventRecord(e0, st));
+    for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
+    CUDA_CHECK(cudaEventRecord(e1, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    std::printf("%-6s %7d %7d %8d %12.3f\n", clean ? "clean" : "fresh", n, blocks, r,
+                ms * 1000.0 / (double(reps) * steps));
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    CUDA_CHECK(cudaGraphExecDestroy(ge));
+    CUDA_CHECK(cudaGraphDestroy(g));
+  };
+  for (const int n : {2048, 8192}) {
+    for (const int blocks : {sms, 2 * sms, 4 * sms}) {
+      run(true, n, blocks, 1);
+      run(true, n, blocks, 16);
+      for (const int r : {1, 2, 4, 8, 16}) run(false, n, blocks, r);
+    }
+  }
+  return 0;
+}
