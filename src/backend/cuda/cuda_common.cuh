@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <string>
 
+#if defined(MOECEL_CUDA_PROBE)
+#include "backend/cuda/probe.cuh"  // measurement builds only
+#endif
+
 namespace moecel::cuda {
 
 // Throw moecel::Error naming the failed call / condition and where it was checked (defined in cuda_common.cpp,
@@ -24,22 +28,6 @@ enum DeviceError : unsigned {
   kErrTokenId = 1u,      // embedding: a token id outside [0, vocab_size)
   kErrExpertIndex = 2u,  // gather_linear: an expert index outside [0, n_experts)
 };
-
-#if defined(MOECEL_CUDA_PROBE)
-// The records of pdl_wait()'s probe (measurement builds only; see pdl_wait).
-struct ProbeRecord {
-  unsigned grid, block, smid, pad;
-  unsigned long long t_call, t_return;
-  unsigned long long mark[4];  // probe_mark(i): later points of the block (thread 0)
-};
-struct ProbeBuffer {
-  unsigned count, cap, pad[2];
-  ProbeRecord rec[1];
-};
-void probe_register(cudaError_t (*set)(ProbeBuffer*));
-ProbeBuffer* probe_start(unsigned cap);
-void probe_dump(ProbeBuffer* buffer, const char* path);
-#endif
 
 // What every launcher needs. All work of a backend goes to its one stream.
 struct Ctx {
@@ -227,66 +215,23 @@ __device__ __forceinline__ void raise_device_error(unsigned* flag, unsigned bits
 // stream is still running: before pdl_wait() it may only read weights (never written by kernels), so their
 // memory latency overlaps the previous kernel; pdl_wait() returns once that kernel has finished and its writes
 // are visible. pdl_trigger() (always after pdl_wait(), so at most two kernels overlap) lets the next one start.
-// Both are no-ops for a kernel launched without the attribute.
-#if defined(MOECEL_CUDA_PROBE)
-// Measurement builds only (cmake -DMOECEL_CUDA_PROBE=ON; MOECEL_CUDA_PROBE_OUT=file at run time): thread 0 of every
-// block records when it called pdl_wait() and when the wait returned (the kernel before had finished), so a decode
-// step's chain of kernels can be laid out in time (tools/probe_timeline.py). Each .cu file has its own copy of the
-// pointer; the backend sets them all (probe_register).
-static __device__ ProbeBuffer* probe_buffer;
-static __shared__ ProbeRecord* probe_rec;  // this block's record (thread 0; null: none)
-namespace {
-cudaError_t probe_set(ProbeBuffer* p) {
-  return cudaMemcpyToSymbol(probe_buffer, &p, sizeof p);
-}
-[[maybe_unused]] const bool probe_registered = (probe_register(probe_set), true);
-}  // namespace
-__device__ __forceinline__ unsigned long long probe_time() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-#endif
+// Both are no-ops for a kernel launched without the attribute. In probe builds pdl_wait() also records when the
+// block called it and when it returned (probe.cuh).
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(MOECEL_CUDA_PROBE)
-  // Everything but the two clock reads happens before the wait (or after the second), so the chain is not delayed.
-  const bool t0_thread = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
-  unsigned long long t0 = 0;
-  if (t0_thread) {
-    ProbeBuffer* pb = probe_buffer;
-    t0 = probe_time();
-    probe_rec = nullptr;
-    if (pb) {
-      const unsigned slot = atomicAdd(&pb->count, 1u);
-      if (slot < pb->cap) probe_rec = pb->rec + slot;
-    }
-  }
+  const unsigned long long t0 = probe_wait_begin();
 #endif
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #if defined(MOECEL_CUDA_PROBE)
-  if (t0_thread) {
-    const unsigned long long t1 = probe_time();
-    if (ProbeRecord* r = probe_rec) {
-      unsigned smid;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-      r->grid = gridDim.x | gridDim.y << 16;
-      r->block = blockIdx.x | blockIdx.y << 16;
-      r->smid = smid;
-      r->t_call = t0;
-      r->t_return = t1;
-    }
-  }
+  probe_wait_end(t0);
 #endif
 }
 
 // Thread 0 of a block records point i (0-3) of its progress after pdl_wait() (measurement builds; else nothing).
 __device__ __forceinline__ void probe_mark(int i) {
 #if defined(MOECEL_CUDA_PROBE)
-  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-    const unsigned long long t = probe_time();
-    if (ProbeRecord* r = probe_rec) r->mark[i] = t;
-  }
+  probe_mark_now(i);
 #endif
 }
 __device__ __forceinline__ void pdl_trigger() {
