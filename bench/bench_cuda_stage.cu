@@ -8,10 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "cuda_bench_util.cuh"
 
 namespace {
 
@@ -45,17 +43,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-int arg_int(int argc, char** argv, const char* name, int def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
-  }
-  return def;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = arg_int(argc, argv, "--steps", 128), reps = arg_int(argc, argv, "--reps", 50);
+  const int steps = moecel::bench::arg_int(argc, argv, "--steps", 128);
+  const int reps = moecel::bench::arg_int(argc, argv, "--reps", 50);
   constexpr int kMaxReplicas = 16;
   const int64_t stride = kMaxFloats + 64;  // floats between replicas (not a power of two apart)
   float *a, *b, *c;
@@ -84,25 +76,8 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaLaunchKernelEx(&cfg, stage_kernel, x, y, n, r, clean ? 1 : r, stride));
     }
     CUDA_CHECK(cudaStreamEndCapture(st, &g));
-    cudaGraphExec_t ge;
-    CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    CUDA_CHECK(cudaGraphLaunch(ge, st));
-    CUDA_CHECK(cudaStreamSynchronize(st));
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    CUDA_CHECK(cudaEventRecord(e0, st));
-    for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
-    CUDA_CHECK(cudaEventRecord(e1, st));
-    CUDA_CHECK(cudaStreamSynchronize(st));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     std::printf("%-6s %7d %7d %8d %12.3f\n", clean ? "clean" : "fresh", n, blocks, r,
-                ms * 1000.0 / (double(reps) * steps));
-    CUDA_CHECK(cudaEventDestroy(e0));
-    CUDA_CHECK(cudaEventDestroy(e1));
-    CUDA_CHECK(cudaGraphExecDestroy(ge));
-    CUDA_CHECK(cudaGraphDestroy(g));
+                moecel::bench::graph_replay_us(st, g, reps) / steps);
   };
   for (const int n : {2048, 8192}) {
     for (const int blocks : {sms, 2 * sms, 4 * sms}) {

@@ -10,12 +10,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "cuda_bench_util.cuh"
 
 namespace {
 
@@ -139,36 +137,15 @@ double code_chain(cudaStream_t st, int sms, int steps, int reps, float* a, float
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, ks[s % 4], x, y));
   }
   CUDA_CHECK(cudaStreamEndCapture(st, &g));
-  cudaGraphExec_t ge;
-  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  CUDA_CHECK(cudaGraphLaunch(ge, st));
-  CUDA_CHECK(cudaStreamSynchronize(st));
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  CUDA_CHECK(cudaEventRecord(e0, st));
-  for (int r = 0; r < reps; ++r) CUDA_CHECK(cudaGraphLaunch(ge, st));
-  CUDA_CHECK(cudaEventRecord(e1, st));
-  CUDA_CHECK(cudaStreamSynchronize(st));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  CUDA_CHECK(cudaGraphExecDestroy(ge));
-  CUDA_CHECK(cudaGraphDestroy(g));
-  return ms * 1000.0 / (double(reps) * steps);
-}
-
-int arg_int(int argc, char** argv, const char* name, int def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
-  }
-  return def;
+  return moecel::bench::graph_replay_us(st, g, reps) / steps;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = arg_int(argc, argv, "--steps", 128), reps = arg_int(argc, argv, "--reps", 50);
-  const int weight_kb = arg_int(argc, argv, "--weight-kb", 0);
+  const int steps = moecel::bench::arg_int(argc, argv, "--steps", 128);
+  const int reps = moecel::bench::arg_int(argc, argv, "--reps", 50);
+  const int weight_kb = moecel::bench::arg_int(argc, argv, "--weight-kb", 0);
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int64_t grid_threads = int64_t(sms) * kThreads;
@@ -195,6 +172,7 @@ int main(int argc, char** argv) {
 
   unsigned barriers = 0;  // the counter's value after every persistent launch so far
   for (const std::string mode : {"pdl", "plain", "barrier"}) {
+    double us = 0;  // per step
     cudaGraph_t g;
     CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     if (mode == "barrier") {
@@ -211,6 +189,10 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaEventRecord(e0, st));
       for (int r = 0; r < reps; ++r) launch();
       CUDA_CHECK(cudaEventRecord(e1, st));
+      CUDA_CHECK(cudaStreamSynchronize(st));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      us = ms * 1000.0 / (double(reps) * steps);
     } else {
       moecel::cuda::Ctx ctx;
       ctx.stream = st;
@@ -223,23 +205,11 @@ int main(int argc, char** argv) {
         CUDA_CHECK(cudaLaunchKernelEx(&cfg, step_kernel, x, y, static_cast<const uint4*>(w), step_stride, s, wpt));
       }
       CUDA_CHECK(cudaStreamEndCapture(st, &g));
-      cudaGraphExec_t ge;
-      CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-      CUDA_CHECK(cudaGraphLaunch(ge, st));
-      CUDA_CHECK(cudaStreamSynchronize(st));
-      CUDA_CHECK(cudaEventRecord(e0, st));
-      for (int r = 0; r < reps; ++r) CUDA_CHECK(cudaGraphLaunch(ge, st));
-      CUDA_CHECK(cudaEventRecord(e1, st));
-      CUDA_CHECK(cudaStreamSynchronize(st));
-      CUDA_CHECK(cudaGraphExecDestroy(ge));
-      CUDA_CHECK(cudaGraphDestroy(g));
+      us = moecel::bench::graph_replay_us(st, g, reps) / steps;
     }
-    CUDA_CHECK(cudaStreamSynchronize(st));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     float check = 0;
     CUDA_CHECK(cudaMemcpy(&check, a, 4, cudaMemcpyDeviceToHost));
-    std::printf("%-8s %8.3f us per step (x[0] = %g)\n", mode.c_str(), ms * 1000.0 / (double(reps) * steps), check);
+    std::printf("%-8s %8.3f us per step (x[0] = %g)\n", mode.c_str(), us, check);
   }
   std::printf("instruction fetch: 4 kernels in turn, ~N FFMA each, unrolled (N instructions) vs looped (~64)\n");
   std::printf("N=256   unrolled %7.3f  looped %7.3f us per step\n", code_chain<256, true>(st, sms, steps, reps, a, b),

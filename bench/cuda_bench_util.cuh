@@ -1,0 +1,43 @@
+// Helpers of the CUDA calibration benches (bench_cuda_*.cu): timing a captured graph's replays, integer flags.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace moecel::bench {
+
+// Microseconds per replay of g: instantiated, replayed once (warm-up), then `reps` times between two events.
+// Destroys g.
+inline double graph_replay_us(cudaStream_t st, cudaGraph_t g, int reps) {
+  cudaGraphExec_t ge;
+  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  CUDA_CHECK(cudaGraphLaunch(ge, st));
+  CUDA_CHECK(cudaStreamSynchronize(st));
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  CUDA_CHECK(cudaEventRecord(e0, st));
+  for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
+  CUDA_CHECK(cudaEventRecord(e1, st));
+  CUDA_CHECK(cudaStreamSynchronize(st));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  CUDA_CHECK(cudaGraphExecDestroy(ge));
+  CUDA_CHECK(cudaGraphDestroy(g));
+  return ms * 1000.0 / reps;
+}
+
+// The integer after flag `name` in argv, or def.
+inline int arg_int(int argc, char** argv, const char* name, int def) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
+  }
+  return def;
+}
+
+}  // namespace moecel::bench
