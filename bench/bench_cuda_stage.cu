@@ -64,20 +64,12 @@ int main(int argc, char** argv) {
   std::printf("%d SMs, %d threads per block, %d steps per graph, %d replays\n", sms, kThreads, steps, reps);
   std::printf("%-6s %7s %7s %8s %12s\n", "mode", "floats", "blocks", "replicas", "us_per_step");
   auto run = [&](bool clean, int n, int blocks, int r) {
-    cudaGraph_t g;
-    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    moecel::cuda::Ctx ctx;
-    ctx.stream = st;
-    for (int s = 0; s < steps; ++s) {
-      cudaLaunchAttribute attr;
-      const cudaLaunchConfig_t cfg = moecel::cuda::launch_config(ctx, dim3(blocks), dim3(kThreads), 0, attr);
-      const float* x = clean ? c : (s & 1) ? b : a;
-      float* y = (s & 1) ? a : b;
-      CUDA_CHECK(cudaLaunchKernelEx(&cfg, stage_kernel, x, y, n, r, clean ? 1 : r, stride));
-    }
-    CUDA_CHECK(cudaStreamEndCapture(st, &g));
-    std::printf("%-6s %7d %7d %8d %12.3f\n", clean ? "clean" : "fresh", n, blocks, r,
-                moecel::bench::graph_replay_us(st, g, reps) / steps);
+    const double us = moecel::bench::chain_step_us(
+        st, steps, reps, dim3(blocks), kThreads, true, a, b,
+        [&](const cudaLaunchConfig_t& cfg, int, const float* x, float* y) {
+          CUDA_CHECK(cudaLaunchKernelEx(&cfg, stage_kernel, clean ? c : x, y, n, r, clean ? 1 : r, stride));
+        });
+    std::printf("%-6s %7d %7d %8d %12.3f\n", clean ? "clean" : "fresh", n, blocks, r, us);
   };
   for (const int n : {2048, 8192}) {
     for (const int blocks : {sms, 2 * sms, 4 * sms}) {

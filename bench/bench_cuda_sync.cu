@@ -125,19 +125,10 @@ template <int N, bool UNROLL>
 double code_chain(cudaStream_t st, int sms, int steps, int reps, float* a, float* b) {
   void (*ks[4])(const float*, float*) = {code_kernel<0, N, UNROLL>, code_kernel<1, N, UNROLL>,
                                          code_kernel<2, N, UNROLL>, code_kernel<3, N, UNROLL>};
-  cudaGraph_t g;
-  CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  moecel::cuda::Ctx ctx;
-  ctx.stream = st;
-  for (int s = 0; s < steps; ++s) {
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = moecel::cuda::launch_config(ctx, dim3(sms), dim3(kThreads), 0, attr);
-    const float* x = (s & 1) ? b : a;
-    float* y = (s & 1) ? a : b;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, ks[s % 4], x, y));
-  }
-  CUDA_CHECK(cudaStreamEndCapture(st, &g));
-  return moecel::bench::graph_replay_us(st, g, reps) / steps;
+  return moecel::bench::chain_step_us(st, steps, reps, dim3(sms), kThreads, true, a, b,
+                                      [&](const cudaLaunchConfig_t& cfg, int s, const float* x, float* y) {
+                                        CUDA_CHECK(cudaLaunchKernelEx(&cfg, ks[s % 4], x, y));
+                                      });
 }
 
 }  // namespace
@@ -173,13 +164,9 @@ int main(int argc, char** argv) {
   unsigned barriers = 0;  // the counter's value after every persistent launch so far
   for (const std::string mode : {"pdl", "plain", "barrier"}) {
     double us = 0;  // per step
-    cudaGraph_t g;
-    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     if (mode == "barrier") {
-      // Each replay adds steps * sms to the counter: the base is passed per replay below, so capture one launch
-      // per replay instead (the graph holds the whole chain either way).
-      CUDA_CHECK(cudaStreamEndCapture(st, &g));
-      CUDA_CHECK(cudaGraphDestroy(g));
+      // Each replay adds steps * sms to the counter: the base is passed per launch below, so the persistent kernel
+      // is launched directly instead of from a graph (one launch holds the whole chain either way).
       auto launch = [&] {
         chain_kernel<<<sms, kThreads, 0, st>>>(a, b, w, step_stride, steps, wpt, counter, barriers);
         barriers += unsigned(steps) * unsigned(sms);
@@ -194,18 +181,11 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
       us = ms * 1000.0 / (double(reps) * steps);
     } else {
-      moecel::cuda::Ctx ctx;
-      ctx.stream = st;
-      ctx.pdl = mode == "pdl";
-      for (int s = 0; s < steps; ++s) {
-        cudaLaunchAttribute attr;
-        const cudaLaunchConfig_t cfg = moecel::cuda::launch_config(ctx, dim3(sms), dim3(kThreads), 0, attr);
-        const float* x = (s & 1) ? b : a;
-        float* y = (s & 1) ? a : b;
-        CUDA_CHECK(cudaLaunchKernelEx(&cfg, step_kernel, x, y, static_cast<const uint4*>(w), step_stride, s, wpt));
-      }
-      CUDA_CHECK(cudaStreamEndCapture(st, &g));
-      us = moecel::bench::graph_replay_us(st, g, reps) / steps;
+      us = moecel::bench::chain_step_us(
+          st, steps, reps, dim3(sms), kThreads, mode == "pdl", a, b,
+          [&](const cudaLaunchConfig_t& cfg, int s, const float* x, float* y) {
+            CUDA_CHECK(cudaLaunchKernelEx(&cfg, step_kernel, x, y, static_cast<const uint4*>(w), step_stride, s, wpt));
+          });
     }
     float check = 0;
     CUDA_CHECK(cudaMemcpy(&check, a, 4, cudaMemcpyDeviceToHost));

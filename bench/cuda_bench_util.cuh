@@ -32,6 +32,26 @@ inline double graph_replay_us(cudaStream_t st, cudaGraph_t g, int reps) {
   return ms * 1000.0 / reps;
 }
 
+// Microseconds per step of a chain of `steps` launches captured into one graph and replayed `reps` times:
+// launch(cfg, s, x, y) launches step s with cfg (grid x threads, PDL when pdl), reading x and writing y (a and b in
+// turn).
+template <class Launch>
+double chain_step_us(cudaStream_t st, int steps, int reps, dim3 grid, int threads, bool pdl, float* a, float* b,
+                     Launch launch) {
+  cudaGraph_t g;
+  CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  cuda::Ctx ctx;
+  ctx.stream = st;
+  ctx.pdl = pdl;
+  for (int s = 0; s < steps; ++s) {
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cuda::launch_config(ctx, grid, dim3(threads), 0, attr);
+    launch(cfg, s, static_cast<const float*>((s & 1) ? b : a), (s & 1) ? a : b);
+  }
+  CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  return graph_replay_us(st, g, reps) / steps;
+}
+
 // The integer after flag `name` in argv, or def.
 inline int arg_int(int argc, char** argv, const char* name, int def) {
   for (int i = 1; i + 1 < argc; ++i) {
