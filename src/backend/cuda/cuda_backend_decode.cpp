@@ -62,7 +62,7 @@ void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& g
   // MOECEL_CUDA_DECODE_MMA=1 promises fused == gather bit for bit: its own tensor-core kernels take what the gather
   // path runs on tensor cores, and the bulk kernels stay on CUDA cores like the gather path's other products.
   a.mma = im.ctx.decode_mma == 1 ? 0 : im.fused_mma;
-  a.a_stages = im.fused_a_stages;
+  a.l2_down = im.fused_l2_down;
   cuda::launch_fused_moe(im.ctx, a);
 }
 

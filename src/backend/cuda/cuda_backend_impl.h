@@ -69,8 +69,8 @@ struct CudaBackend::Impl {
   // The bulk kernels A and B on tensor cores (MOECEL_CUDA_FUSED_MMA: 1 where measured faster, 2 wherever they apply,
   // 0 never: CUDA cores, bit for bit the gather path).
   int fused_mma = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_MMA", 1, {0, 1, 2});
-  // The tensor-core kernel A's gate and up copies on one barrier (1) or two (2; 3: up's issued as gate's land).
-  int fused_a_stages = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_A_STAGES", 3, {1, 2, 3});
+  // The tensor-core kernel A requests kernel B's down rows into L2 (FusedMoeArgs::l2_down; MOECEL_CUDA_FUSED_L2_DOWN).
+  bool fused_l2_down = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_L2_DOWN", 1, {0, 1}) == 1;
   std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();
   unsigned* flag_host = nullptr;    // mapped pinned word the kernels raise DeviceError bits in
   int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)

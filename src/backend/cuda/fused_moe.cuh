@@ -34,9 +34,10 @@ struct FusedMoeArgs {
   // no longer bit for bit those of the gather path. 0: never; 1: where measured faster (kernel B always, kernel A with
   // two rows per warp and more than 3 blocks per SM); 2: wherever they apply (tests).
   int mma = 1;
-  // The tensor-core kernel A's copies (fused_moe_bulk.cuh gate_up_prologue): 1 one barrier; 2 gate's and up's on a
-  // barrier each, computed in that order; 3 as 2 with up's issued once gate's have landed.
-  int a_stages = 3;
+  // The tensor-core kernel A requests kernel B's down rows of its expert into L2 (its block's share, l2_rows rows of
+  // l2_row_bytes packed and l2_srow scale bytes) once its up rows have landed, while DRAM would idle as it computes.
+  bool l2_down = true;
+  int l2_rows = 0, l2_row_bytes = 0, l2_srow = 0;
 };
 
 // Launches kernels A and B. Preconditions (checked): gate/up bits equal and in {4, 8}; down bits in {4, 6, 8};

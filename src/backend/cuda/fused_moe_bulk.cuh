@@ -90,7 +90,7 @@ inline bool bulk_rows_ok(const WeightView& w) {
          reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(w.biases) % 16 == 0;
 }
 
-inline int64_t scale_row_bytes_of(const WeightView& w) {
+__host__ __device__ inline int64_t scale_row_bytes_of(const WeightView& w) {
   return (w.in / w.group_size) * (w.stype == FloatType::kF32 ? 4 : 2);
 }
 
@@ -98,9 +98,36 @@ inline size_t staged_floats_bytes(int64_t n) {
   return size_t(n / kChunk) * kChunkPad * sizeof(float);
 }
 
+// a with the share of kernel B's down rows each of blocks_x kernel A blocks per slot requests into L2
+// (FusedMoeArgs::l2_down): a multiple of 8 rows, so each span is 16-byte aligned as bulk_rows_ok guarantees; off where
+// the down rows do not qualify or a span would not fit the copy's 32-bit size.
+inline FusedMoeArgs with_down_share(FusedMoeArgs a, int64_t blocks_x) {
+  const int64_t per = ((a.down.out + blocks_x - 1) / blocks_x + 7) / 8 * 8;
+  const int64_t row_bytes = packed_row_bytes(a.down.in, a.down.bits), srow = scale_row_bytes_of(a.down);
+  if (!bulk_rows_ok(a.down) || per * row_bytes >= (int64_t(1) << 31) || a.down.out >= (int64_t(1) << 31)) {
+    a.l2_down = false;
+  }
+  a.l2_rows = int(per);
+  a.l2_row_bytes = int(row_bytes);
+  a.l2_srow = int(srow);
+  return a;
+}
+
 template <class Kernel>
 void launch_bulk(const Ctx& ctx, Kernel kernel, dim3 grid, size_t smem, const FusedMoeArgs& a) {
   launch_k(ctx, kernel, grid, kThreads, smem, a, ctx.error_flag);
+}
+
+// Kernel A's request of kernel B's down rows of expert e into L2: block x's share, rows [x, x + 1) * a.l2_rows, three
+// requests by one thread.
+__device__ __forceinline__ void prefetch_down_share(const FusedMoeArgs& a, int32_t e) {
+  const WeightView& d = a.down;
+  const int first = int(blockIdx.x) * a.l2_rows, n = min(a.l2_rows, int(d.out) - first);
+  if (unsigned(e) >= unsigned(d.n_stack) || n <= 0) return;
+  const int64_t row = int64_t(e) * d.out + first;
+  bulk_prefetch_l2(static_cast<const unsigned char*>(d.w) + row * a.l2_row_bytes, unsigned(n * a.l2_row_bytes));
+  bulk_prefetch_l2(static_cast<const unsigned char*>(d.scales) + row * a.l2_srow, unsigned(n * a.l2_srow));
+  bulk_prefetch_l2(static_cast<const unsigned char*>(d.biases) + row * a.l2_srow, unsigned(n * a.l2_srow));
 }
 
 // Kernel A's start: initializes the block's barriers, waits for the kernels before (the indices and x come from

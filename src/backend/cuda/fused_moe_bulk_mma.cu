@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   unsigned char* planes = base + 2 * tile_bytes;
   float* xsum = reinterpret_cast<float*>(planes + 3 * plane);
   float* part = xsum + (groups + 3) / 4 * 4;  // (kWarps, 2 * kRows)
-  const bool valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0], a.a_stages);
+  const bool valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0], 3);
   const bool vec = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
   mma_stage<GS>(
       hidden, [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, vec, v); }, planes, xsum);
@@ -120,9 +120,10 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   // row's sums in group order.
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
-    mbar_wait(&bars[a.a_stages == 1 ? 0 : m], 0);
+    mbar_wait(&bars[m], 0);
     probe_mark(1 + m);
-    if (m == 0 && a.a_stages == 3 && threadIdx.x == 0) issue_up(a, j, r0, kRows, tiles[1], &bars[0]);
+    if (m == 0 && threadIdx.x == 0) issue_up(a, j, r0, kRows, tiles[1], &bars[0]);
+    if (m == 1 && a.l2_down && threadIdx.x == 0) prefetch_down_share(a, a.indices[j]);
 #pragma unroll 2  // the groups' loads and MMAs are independent (only the folds into acc are ordered)
     for (int64_t g = warp; g < groups; g += kWarps) {
       const float xs = t == 0 ? xsum[g] : 0.0f;
@@ -250,16 +251,17 @@ bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
                       size_t(kWarps) * 2 * kMmaTileRows * sizeof(float);
   if (smem > size_t(ctx.max_smem_optin)) return false;
   const dim3 grid{unsigned(g.out / kMmaTileRows), unsigned(a.k)};
+  const FusedMoeArgs as = with_down_share(a, grid.x);
   dispatch(g, [&]<int BITS, int GS, typename ST>() {
     switch (a.glu) {
       case GluAct::kSiLU:
-        launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, GluAct::kSiLU>, grid, smem, a);
+        launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, GluAct::kSiLU>, grid, smem, as);
         break;
       case GluAct::kGeLU:
-        launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, GluAct::kGeLU>, grid, smem, a);
+        launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, GluAct::kGeLU>, grid, smem, as);
         break;
       case GluAct::kReLU2:
-        launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, GluAct::kReLU2>, grid, smem, a);
+        launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, GluAct::kReLU2>, grid, smem, as);
         break;
     }
   });
