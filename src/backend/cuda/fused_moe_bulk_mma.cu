@@ -116,8 +116,8 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   // Lane (gid, t) loads x's B fragments from plane gid (hi, mid, lo; lanes with gid >= 3 hold zero columns).
   const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * 16;
   float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [tile][row gid, row gid + 8]
-  // The gate tile as soon as it lands, then the up tile (with one barrier both are there after the first wait): each
-  // row's sums in group order.
+  // The gate tile as soon as it lands (thread 0 then issues up's copies), then the up tile (thread 0 then requests its
+  // share of kernel B's rows into L2): each row's sums in group order.
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
     mbar_wait(&bars[m], 0);
