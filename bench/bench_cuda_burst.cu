@@ -1,8 +1,8 @@
 // How fast a short burst of weight copies streams, as kernel A's: a graph of PDL kernels, each step's blocks copying
 // their own tile of a fresh region (regions rotate over a buffer several times the L2) into shared memory with bulk
 // copies, in two halves ("gate" and "up"), then a token sum so the data is used. Modes:
-//   once     both halves issued at once, one barrier (A_STAGES=1)
-//   staged   the second half issued once the first has landed (A_STAGES=3, the default)
+//   once     both halves issued at once, one barrier
+//   staged   the second half issued once the first has landed (kernel A's order)
 //   l2pf     as staged, with the second half requested into L2 (cp.async.bulk.prefetch.L2) together with the first
 //   empty    no copies (the step's fixed cost)
 // All copies go out after pdl_wait, as kernel A's (its experts come from the kernel before). Prints us per step
@@ -86,18 +86,13 @@ int main(int argc, char** argv) {
   auto run = [&](int mode, int blocks, unsigned half) -> double {
     const size_t smem = 2 * size_t(half);
     CUDA_CHECK(cudaFuncSetAttribute(burst_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    cudaGraph_t g;
-    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    Ctx ctx;
-    ctx.stream = st;
-    for (int s = 0; s < steps; ++s) {
-      cudaLaunchAttribute attr;
-      const cudaLaunchConfig_t cfg = launch_config(ctx, dim3(blocks), dim3(kThreads), smem, attr);
-      CUDA_CHECK(cudaLaunchKernelEx(&cfg, burst_kernel, static_cast<const unsigned char*>(w), region, n_regions, s,
-                                    half, mode, out));
-    }
-    CUDA_CHECK(cudaStreamEndCapture(st, &g));
-    return moecel::bench::graph_replay_us(st, g, reps) / steps;
+    return moecel::bench::chain_step_us(
+        st, steps, reps, dim3(blocks), kThreads, true, nullptr, nullptr,
+        [&](const cudaLaunchConfig_t& cfg, int s, const float*, float*) {
+          CUDA_CHECK(cudaLaunchKernelEx(&cfg, burst_kernel, static_cast<const unsigned char*>(w), region, n_regions, s,
+                                        half, mode, out));
+        },
+        smem);
   };
   // Kernel A's shape: 512 blocks (4 per SM) of 2 x 18 KB; the same bytes in fewer, larger blocks; half the bytes.
   const struct {

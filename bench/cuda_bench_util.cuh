@@ -33,11 +33,11 @@ inline double graph_replay_us(cudaStream_t st, cudaGraph_t g, int reps) {
 }
 
 // Microseconds per step of a chain of `steps` launches captured into one graph and replayed `reps` times:
-// launch(cfg, s, x, y) launches step s with cfg (grid x threads, PDL when pdl), reading x and writing y (a and b in
-// turn).
+// launch(cfg, s, x, y) launches step s with cfg (grid x threads, smem bytes of dynamic shared memory, PDL when pdl),
+// reading x and writing y (a and b in turn).
 template <class Launch>
 double chain_step_us(cudaStream_t st, int steps, int reps, dim3 grid, int threads, bool pdl, float* a, float* b,
-                     Launch launch) {
+                     Launch launch, size_t smem = 0) {
   cudaGraph_t g;
   CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
   cuda::Ctx ctx;
@@ -45,7 +45,7 @@ double chain_step_us(cudaStream_t st, int steps, int reps, dim3 grid, int thread
   ctx.pdl = pdl;
   for (int s = 0; s < steps; ++s) {
     cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = cuda::launch_config(ctx, grid, dim3(threads), 0, attr);
+    const cudaLaunchConfig_t cfg = cuda::launch_config(ctx, grid, dim3(threads), smem, attr);
     launch(cfg, s, static_cast<const float*>((s & 1) ? b : a), (s & 1) ? a : b);
   }
   CUDA_CHECK(cudaStreamEndCapture(st, &g));
