@@ -90,7 +90,7 @@ inline bool bulk_rows_ok(const WeightView& w) {
          reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(w.biases) % 16 == 0;
 }
 
-__host__ __device__ inline int64_t scale_row_bytes_of(const WeightView& w) {
+inline int64_t scale_row_bytes_of(const WeightView& w) {
   return (w.in / w.group_size) * (w.stype == FloatType::kF32 ? 4 : 2);
 }
 
@@ -132,13 +132,12 @@ __device__ __forceinline__ void prefetch_down_share(const FusedMoeArgs& a, int32
 
 // Kernel A's start: initializes the block's barriers, waits for the kernels before (the indices and x come from
 // them), reads slot j's expert and has thread 0 issue the copies of its n gate and up rows from row r0 into gt and
-// ut: with stages 1 all complete on bar[0]; else gate's on bar[0] and up's on bar[1], up's issued now with stages 2
-// and by issue_up once gate's have landed with 3. Every thread calls it; returns whether the expert index is valid
-// (uniform over the block).
+// ut, all completing on bar[0]; with up_later only gate's, and issue_up issues up's on bar[1] once gate's have landed.
+// Every thread calls it; returns whether the expert index is valid (uniform over the block).
 template <int BITS, typename ST>
 __device__ __forceinline__ bool gate_up_prologue(const FusedMoeArgs& a, int j, int64_t r0, int n,
                                                  const RowTile<BITS, ST>& gt, const RowTile<BITS, ST>& ut,
-                                                 uint64_t* bar, int stages = 1) {
+                                                 uint64_t* bar, bool up_later = false) {
   if (threadIdx.x < 2) mbar_init(bar + threadIdx.x, 1);
   __syncthreads();
   pdl_enter();
@@ -147,15 +146,14 @@ __device__ __forceinline__ bool gate_up_prologue(const FusedMoeArgs& a, int j, i
   if (threadIdx.x == 0 && valid) {
     const unsigned bytes = unsigned(n * (gt.row_bytes + 2 * gt.srow_bytes));
     const int64_t row = int64_t(e) * a.gate.out + r0;
-    mbar_arrive_expect(bar, stages == 1 ? 2 * bytes : bytes);
+    mbar_arrive_expect(bar, up_later ? bytes : 2 * bytes);
     issue_rows(a.gate, row, n, gt, bar);
-    if (stages == 2) mbar_arrive_expect(bar + 1, bytes);
-    if (stages <= 2) issue_rows(a.up, row, n, ut, stages == 1 ? bar : bar + 1);
+    if (!up_later) issue_rows(a.up, row, n, ut, bar);
   }
   return valid;
 }
 
-// The up rows' copies of gate_up_prologue with stages 3 (thread 0, once bar[0] has completed).
+// The up rows' copies of gate_up_prologue with up_later (thread 0, once bar[0] has completed).
 template <int BITS, typename ST>
 __device__ __forceinline__ void issue_up(const FusedMoeArgs& a, int j, int64_t r0, int n, const RowTile<BITS, ST>& ut,
                                          uint64_t* bar) {

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   unsigned char* planes = base + 2 * tile_bytes;
   float* xsum = reinterpret_cast<float*>(planes + 3 * plane);
   float* part = xsum + (groups + 3) / 4 * 4;  // (kWarps, 2 * kRows)
-  const bool valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0], 3);
+  const bool valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0], true);
   const bool vec = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
   mma_stage<GS>(
       hidden, [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, vec, v); }, planes, xsum);
