@@ -125,6 +125,53 @@ TEST_F(CudaOps, RmsNormLinearsBulkKernelMatchesTheOps) {
   }
 }
 
+// One token of a large rms_norm_linears (the vocabulary projection's shape class: the streaming kernel, 2 to 4 ring
+// slots, tiles that wrap the ring and a short last tile) against the bulk-copy kernel it replaces (streaming and
+// tensor-core kernels off): bit for bit, and within the CPU's rounding.
+TEST_F(CudaOps, RmsNormLinearStreamKernelMatchesTheBulkKernel) {
+  struct Case {
+    int bits, group_size;
+    DType scale_type;
+    int64_t out, in;
+  };
+  const std::vector<Case> cases = {
+      {4, 64, DType::kF16, 16392, 256},    // a last tile of 8 rows
+      {8, 32, DType::kBF16, 20000, 512},   // 8-bit, 16 rows in the last tile
+      {4, 128, DType::kF32, 16416, 2048},  // OLMoE's width
+  };
+  auto run = [&](const char* stream, const char* mma, const Case& c, const LinearWeight& hw, const Tensor& norm,
+                 const Tensor& x) {
+    setenv("MOECEL_CUDA_GEMV_STREAM", stream, 1);
+    setenv("MOECEL_CUDA_DECODE_MMA", mma, 1);
+    CudaBackend be;
+    unsetenv("MOECEL_CUDA_GEMV_STREAM");
+    unsetenv("MOECEL_CUDA_DECODE_MMA");
+    const LinearWeight dw = be.to_device(hw);
+    const Tensor dnorm = be.to_device(norm), dx = be.to_device(x);
+    Tensor y = be.alloc(DType::kF32, {1, c.out}), xn = be.alloc(DType::kF32, {1, c.in});
+    Tensor* ys[] = {&y};
+    const LinearWeight* ws[] = {&dw};
+    be.rms_norm_linears(dx, dnorm, 1e-5f, ws, ys, &xn);
+    return dev_vec<float>(be, y);
+  };
+  Rng rng(109);
+  for (const Case& c : cases) {
+    const LinearWeight hw = make_quant(0, c.out, c.in, c.bits, c.group_size, c.scale_type, rng);
+    const Tensor norm = host_random(DType::kBF16, {c.in}, rng, 0.5f, 1.5f);
+    const Tensor x = host_random(DType::kF32, {1, c.in}, rng, -3.0f, 3.0f);
+    Tensor cxn = cpu.alloc(DType::kF32, {1, c.in}), ref = cpu.alloc(DType::kF32, {1, c.out});
+    cpu.rms_norm(x, norm, 1e-5f, cxn);
+    cpu.linear(hw, cxn, ref);
+    const std::vector<float> bulk = run("0", "0", c, hw, norm, x);
+    ASSERT_EQ(bulk.size(), size_t(c.out));
+    EXPECT_LE(nmse(bulk, host_vec(ref)), kMatmul) << "bulk kernel, out " << c.out;
+    for (const char* slots : {"2", "3", "4"}) {
+      const std::vector<float> y = run(slots, "2", c, hw, norm, x);
+      EXPECT_EQ(y, bulk) << "slots " << slots << " bits " << c.bits << " out " << c.out << " in " << c.in;
+    }
+  }
+}
+
 // The gather products of a decode step through the bulk-copy kernel (MOECEL_CUDA_GEMV_BULK_GATHER = 2 or 4) and
 // through the register-prefetch kernel (0): bit for bit the same, within the CPU's rounding, and a bad expert index
 // still gives NaN rows.

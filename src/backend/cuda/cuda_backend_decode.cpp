@@ -63,6 +63,7 @@ void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& g
   // path runs on tensor cores, and the bulk kernels stay on CUDA cores like the gather path's other products.
   a.mma = im.ctx.decode_mma == 1 ? 0 : im.fused_mma;
   a.l2_down = im.fused_l2_down;
+  a.rotate = im.fused_rotate;
   cuda::launch_fused_moe(im.ctx, a);
 }
 

@@ -71,6 +71,8 @@ struct CudaBackend::Impl {
   int fused_mma = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_MMA", 1, {0, 1, 2});
   // The tensor-core kernel A requests kernel B's down rows into L2 (FusedMoeArgs::l2_down; MOECEL_CUDA_FUSED_L2_DOWN).
   bool fused_l2_down = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_L2_DOWN", 1, {0, 1}) == 1;
+  // The tensor-core kernels' conflict-free group loads (FusedMoeArgs::rotate; MOECEL_CUDA_FUSED_ROTATE).
+  bool fused_rotate = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_ROTATE", 1, {0, 1}) == 1;
   std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();
   unsigned* flag_host = nullptr;    // mapped pinned word the kernels raise DeviceError bits in
   int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)

@@ -84,6 +84,9 @@ struct Ctx {
   // 0 never, 1 for every eligible weight, 2 (default) only for single matrices of at least kMmaAutoRows rows
   // (the lm_head), where they are measured faster.
   int decode_mma = 2;
+  // Ring slots of the streaming matrix-vector kernel for one token of a large product (gemv_stream.cu: the lm_head);
+  // 0 = off (MOECEL_CUDA_GEMV_STREAM: 0, 2, 3, 4 or 5).
+  int gemv_stream = 2;
   // A zeroed device counter for kernels that finish with a "last block" epilogue (each resets it on exit).
   unsigned* block_counter = nullptr;
 };

@@ -38,6 +38,9 @@ struct FusedMoeArgs {
   // l2_row_bytes packed and l2_srow scale bytes) once its up rows have landed, while DRAM would idle as it computes.
   bool l2_down = true;
   int l2_rows = 0, l2_row_bytes = 0, l2_srow = 0;
+  // The tensor-core kernels load R consecutive groups of a tile at once, each row at its own offset (tile_groups_mma:
+  // no bank conflicts); kernel A's warps then take consecutive groups (its sums in another order).
+  bool rotate = true;
 };
 
 // Launches kernels A and B. Preconditions (checked): gate/up bits equal and in {4, 8}; down bits in {4, 6, 8};

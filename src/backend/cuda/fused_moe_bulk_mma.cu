@@ -69,23 +69,117 @@ __device__ __forceinline__ void tile_group_mma(const unsigned char* row0, int64_
   }
 }
 
-// Folds one group's MMA sums into the rows' f32 accumulators: acc += s * sum((q - z) x) + (b + z s) * sum(x). Lane
-// t == 0 holds columns 0, 1 (hi, mid), t == 1 columns 2, 3 (lo, 0); the bias term is added once, by t == 0.
+// Groups per rotation round of tile_groups_mma: the rows of a tile lie row_bytes apart (a multiple of 128 bytes), so
+// the 8 rows' loads of one group's columns hit the same kGroupBytes / 4 banks (8-way for 32-byte groups: ncu counted
+// 64% of kernel A's shared-memory wavefronts as conflicts); 128 / kGroupBytes consecutive groups would span all banks.
+// Two groups at a time halve the conflicts where a lane's words of a group are at most 2 (4-bit g32 / g64, 8-bit
+// g32); more groups, or wider ones, cost registers: kernel A (64 per thread, four blocks per SM) spilled, and kernel
+// B at 4 groups took 96 and made the step slower (docs/benchmarks.md, seventeenth tree). 1: no rotation.
+template <int BITS, int GS>
+constexpr int kRot = GS* BITS / 8 < 128 && GS / 32 * BITS / 4 <= 2 ? 2 : 1;
+
+// acc += s * sum((q - z) x) + (b + z s) * sum(x) for rows gid (s0, b0) and gid + 8 (s1, b1): lane t == 0 holds columns
+// 0, 1 (hi, mid), t == 1 columns 2, 3 (lo, 0); the bias term is added once, by t == 0 (xs is 0 elsewhere).
+template <int BITS>
+__device__ __forceinline__ void fold_sb(float s0, float b0, float s1, float b1, float xs, const float (&d)[4],
+                                        float (&acc)[2]) {
+  constexpr float kZero = float(1 << (BITS - 1));  // the code center q4_pair / q8_pair subtract
+  const float z0 = fmaf(kZero, s0, b0), z1 = fmaf(kZero, s1, b1);
+  acc[0] = fmaf(s0, d[0] + d[1], fmaf(z0, xs, acc[0]));
+  acc[1] = fmaf(s1, d[2] + d[3], fmaf(z1, xs, acc[1]));
+}
+
+// Groups gl0 .. gl0 + R - 1 of a 16-row tile, each exactly as tile_group_mma computes it and folded in order into acc
+// (fold_sb; xsum: the staged vector's group sums from group g0, bp as in tile_group_mma). In load round i the lanes of
+// row gid read group (i + gid) % R, so the 8 rows spread over R times as many banks; the words are then rotated back
+// (log2(R) rounds of selects) so that w[i] holds group i. The R groups' scales and biases of a row are R consecutive
+// values, loaded at once where they fill whole words (aligned: the callers' rows hold a multiple of R groups).
+template <int BITS, int GS, typename ST, int R>
+__device__ __forceinline__ void tile_groups_mma(const RowTile<BITS, ST>& tile, int gl0, const unsigned char* bp, int g0,
+                                                const float* xsum, int gid, int t, float (&acc)[2]) {
+  constexpr int kBlocks = GS / 32, kGroupBytes = GS * BITS / 8, kWords = kBlocks * BITS / 4;
+  static_assert((R & (R - 1)) == 0 && R <= 8, "R: a power of two up to 8");
+  const int s = gid & (R - 1), row_bytes = int(tile.row_bytes);  // 32-bit offsets: kernel A has 64 registers
+  uint32_t w[R][2][kWords];                                      // [round or group][row gid, gid + 8]
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int gl = gl0 + ((i + s) & (R - 1));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      lds_words(tile.base + (gid + 8 * h) * row_bytes + gl * kGroupBytes + t * (kGroupBytes / 4), w[i][h]);
+    }
+  }
+#pragma unroll
+  for (int b = 1; b < R; b <<= 1) {  // w[k] <- w[(k - b) % R] where bit b of s is set: in all, w[k] <- w[(k - s) % R]
+    const bool on = (s & b) != 0;
+    uint32_t v[R][2][kWords];
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int q = 0; q < kWords; ++q) v[k][h][q] = on ? w[(k - b) & (R - 1)][h][q] : w[k][h][q];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int q = 0; q < kWords; ++q) w[k][h][q] = v[k][h][q];
+      }
+    }
+  }
+  constexpr int kSpan = R * int(sizeof(ST));  // bytes of a row's R scales
+  constexpr bool kVec = kSpan % 4 == 0;
+  constexpr int kN = kVec ? kSpan / 4 : 1;
+  uint32_t sc[2][kN], bi[2][kN];  // rows gid, gid + 8
+  if constexpr (kVec) {
+    const int srow = int(tile.srow_bytes), n_rows = tile.n_rows;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const unsigned char* p = tile.base + n_rows * row_bytes + (gid + 8 * h) * srow + gl0 * int(sizeof(ST));
+      lds_words(p, sc[h]);
+      lds_words(p + n_rows * srow, bi[h]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int p = 0; p < kBlocks; ++p) {
+      uint4 bx = make_uint4(0u, 0u, 0u, 0u);
+      if (gid < 3) bx = *reinterpret_cast<const uint4*>(bp + ((g0 + i) * kBlocks + p) * 64);
+      uint32_t q[2][4];
+      block_frags<BITS>(w[i][0], w[i][1], p, q);
+      mma_bf16(d, q[0], bx.x, bx.y);
+      mma_bf16(d, q[1], bx.z, bx.w);
+    }
+    const float xs = t == 0 ? xsum[g0 + i] : 0.0f;
+    if constexpr (kVec) {
+      fold_sb<BITS>(packed_at<ST>(sc[0], i), packed_at<ST>(bi[0], i), packed_at<ST>(sc[1], i), packed_at<ST>(bi[1], i),
+                    xs, d, acc);
+    } else {
+      const int gl = gl0 + i;
+      fold_sb<BITS>(tile.scale(gid, gl), tile.bias(gid, gl), tile.scale(gid + 8, gl), tile.bias(gid + 8, gl), xs, d,
+                    acc);
+    }
+  }
+}
+
+// Folds one group's MMA sums into the rows' f32 accumulators (fold_sb with the group's scales and biases).
 template <int BITS, typename ST>
 __device__ __forceinline__ void fold_group(const RowTile<BITS, ST>& tile, int64_t gl, float xs, int gid,
                                            const float (&d)[4], float (&acc)[2]) {
-  constexpr float kZero = float(1 << (BITS - 1));  // the code center q4_pair / q8_pair subtract
-  const float s0 = tile.scale(gid, gl), s1 = tile.scale(gid + 8, gl);
-  const float b0 = fmaf(kZero, s0, tile.bias(gid, gl)), b1 = fmaf(kZero, s1, tile.bias(gid + 8, gl));
-  acc[0] = fmaf(s0, d[0] + d[1], fmaf(b0, xs, acc[0]));
-  acc[1] = fmaf(s1, d[2] + d[3], fmaf(b1, xs, acc[1]));
+  fold_sb<BITS>(tile.scale(gid, gl), tile.bias(gid, gl), tile.scale(gid + 8, gl), tile.bias(gid + 8, gl), xs, d, acc);
 }
 
 // Kernel A: the grid, copies and result of fused_gate_up_bulk_kernel with two rows per warp, i.e. a 16-row tile of
-// gate and one of up rows per block. Warp w takes groups w, w + 8, ... of both tiles; the block adds the warps'
-// partial sums in warp order. Shared memory: barriers, the gate tile, the up tile, x's three planes, x's group sums,
-// the warps' partial sums.
-template <int BITS, int GS, typename ST, GluAct ACT>
+// gate and one of up rows per block. Warp w takes groups w, w + 8, ... of both tiles (with ROT, consecutive groups);
+// the block adds the warps' partial sums in warp order. Shared memory: barriers, the gate tile, the up tile, x's three
+// planes, x's group sums, the warps' partial sums. ROT: warp w takes groups [w, w + 1) * groups / kWarps, kRot at a
+// time (tile_groups_mma; groups a multiple of kWarps * kRot), instead of groups w, w + 8, ... one at a time.
+template <int BITS, int GS, typename ST, GluAct ACT, bool ROT>
 __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
     fused_gate_up_bulk_mma_kernel(FusedMoeArgs a, unsigned* err) {
   extern __shared__ float4 smem4[];
@@ -124,12 +218,20 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
     probe_mark(1 + m);
     if (m == 0 && threadIdx.x == 0) issue_up(a, j, r0, kRows, tiles[1], &bars[0]);
     if (m == 1 && a.l2_down && threadIdx.x == 0) prefetch_down_share(a, a.indices[j]);
+    if constexpr (ROT) {
+      constexpr int R = kRot<BITS, GS>;
+      const int per = int(groups) / kWarps;
+      for (int g = warp * per; g < (warp + 1) * per; g += R) {
+        tile_groups_mma<BITS, GS, ST, R>(tiles[m], g, bp, g, xsum, gid, t, acc[m]);
+      }
+    } else {
 #pragma unroll 2  // the groups' loads and MMAs are independent (only the folds into acc are ordered)
-    for (int64_t g = warp; g < groups; g += kWarps) {
-      const float xs = t == 0 ? xsum[g] : 0.0f;
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      tile_group_mma<BITS, GS>(tiles[m].base, row_bytes, g, bp, g, gid, t, d);
-      fold_group(tiles[m], g, xs, gid, d, acc[m]);
+      for (int64_t g = warp; g < groups; g += kWarps) {
+        const float xs = t == 0 ? xsum[g] : 0.0f;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tile_group_mma<BITS, GS>(tiles[m].base, row_bytes, g, bp, g, gid, t, d);
+        fold_group(tiles[m], g, xs, gid, d, acc[m]);
+      }
     }
   }
 #pragma unroll
@@ -204,8 +306,16 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
     mbar_wait(&bars[sl], 0);
     if (sl == 0) probe_mark(1);
     float acc[2] = {0.0f, 0.0f};
+    constexpr int R = kRot<BITS, GS>;
+    int64_t gl = 0;
+    // Whole rounds of R groups (where a row holds whole rounds: aligned scale loads): the same sums in the same order.
+    if (R > 1 && a.rotate && groups % R == 0) {
+      for (; gl < groups; gl += R) {
+        tile_groups_mma<BITS, GS, ST, R>(tl, int(gl), bp, int(sl * groups + gl), xsum, gid, t, acc);
+      }
+    }
 #pragma unroll 4  // as kernel A's group loop: several groups' MMA chains in flight per warp
-    for (int64_t gl = 0; gl < groups; ++gl) {
+    for (; gl < groups; ++gl) {
       const int64_t g = sl * groups + gl;
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       tile_group_mma<BITS, GS>(tl.base, row_bytes, gl, bp, g, gid, t, d);
@@ -253,16 +363,18 @@ bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
   const dim3 grid{unsigned(g.out / kMmaTileRows), unsigned(a.k)};
   const FusedMoeArgs as = with_down_share(a, grid.x);
   dispatch(g, [&]<int BITS, int GS, typename ST>() {
+    auto go = [&]<GluAct ACT>() {
+      if constexpr (kRot < BITS, GS >> 1) {
+        if (a.rotate && groups % (kWarps * kRot<BITS, GS>) == 0) {
+          return launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, true>, grid, smem, as);
+        }
+      }
+      launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, false>, grid, smem, as);
+    };
     switch (a.glu) {
-      case GluAct::kSiLU:
-        launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, GluAct::kSiLU>, grid, smem, as);
-        break;
-      case GluAct::kGeLU:
-        launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, GluAct::kGeLU>, grid, smem, as);
-        break;
-      case GluAct::kReLU2:
-        launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, GluAct::kReLU2>, grid, smem, as);
-        break;
+      case GluAct::kSiLU: go.template operator()<GluAct::kSiLU>(); break;
+      case GluAct::kGeLU: go.template operator()<GluAct::kGeLU>(); break;
+      case GluAct::kReLU2: go.template operator()<GluAct::kReLU2>(); break;
     }
   });
   return true;

@@ -353,7 +353,7 @@ bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span
                  "its rows (<= 256 experts, group size a multiple of 16)");
   }
   a.f = f;
-  if (n_tokens == 1 && launch_gemv_bulk(ctx, a, 1)) return true;
+  if (n_tokens == 1 && (launch_gemv_stream(ctx, a) || launch_gemv_bulk(ctx, a, 1))) return true;
   return launch_gemv_args(ctx, a, n_tokens);
 }
 

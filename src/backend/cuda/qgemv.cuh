@@ -207,6 +207,14 @@ __device__ inline void share_store(const RouterShare& s, int rows, int64_t token
 // Returns false, launching nothing, otherwise.
 bool launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs);
 
+// Rows from which one token of a single matrix goes to the streaming kernel (gemv_stream.cu).
+constexpr int64_t kStreamRows = 16384;
+
+// The streaming kernel (gemv_stream.cu) for one token of one 4-/8-bit matrix of at least kStreamRows rows whose rows
+// can be bulk-copied (a.f: the norm only), when Ctx::gemv_stream is on; bit for bit gemv_bulk_kernel's sums. Returns
+// false, launching nothing, otherwise.
+bool launch_gemv_stream(const Ctx& ctx, GemvArgs& a);
+
 // The tensor-core kernel (qgemv_mma.cu) for 4- and 8-bit weights with group size 32, 64 or 128, when x and its
 // working set fit in shared memory. Returns false, launching nothing, otherwise (a.part_end is filled here).
 bool launch_gemv_mma(const Ctx& ctx, GemvArgs& a, int64_t n_pairs);
