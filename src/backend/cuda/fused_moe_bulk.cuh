@@ -5,6 +5,7 @@
 
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/fused_moe.cuh"
+#include "backend/cuda/fused_moe_dot.cuh"
 #include "backend/cuda/qdot.cuh"
 
 namespace moecel::cuda::bulk {
@@ -70,6 +71,26 @@ __device__ __forceinline__ void row_copies(const WeightView& w, int64_t row, int
        unsigned(n * tile.row_bytes));
   copy(static_cast<const unsigned char*>(w.scales) + row * tile.srow_bytes, scales, sb);
   copy(static_cast<const unsigned char*>(w.biases) + row * tile.srow_bytes, scales + tile.n_rows * tile.srow_bytes, sb);
+}
+
+// acc[i] += row lr[i] of a tile . the staged vector xs (with its chunk sums), the lane's chunks c = lane, lane + 32,
+// ... in the matrix-vector kernels' order; the caller reduces acc over the warp. gshift: log2(group_size / kChunk).
+template <int BITS, typename ST, int R>
+__device__ __forceinline__ void tile_rows_dot(const RowTile<BITS, ST>& tile, const int (&lr)[R], int n_chunks,
+                                              int gshift, const float* xs, int lane, float (&acc)[R]) {
+  auto x_of = [&](int) { return xs; };
+  for (int c = lane; c < n_chunks; c += 32) {  // 32-bit indices: a 64-bit one cost the loop a spilled register
+    const int g = c >> gshift;
+    uint32_t wd[R][BITS];
+    float sc[R], bi[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      tile.load(lr[i], c, wd[i]);
+      sc[i] = tile.scale(lr[i], g);
+      bi[i] = tile.bias(lr[i], g);
+    }
+    dot_step<BITS, R, true>(wd, sc, bi, c, x_of, acc);
+  }
 }
 
 // Issues row_copies, completing on `bar` (one thread).

@@ -146,7 +146,6 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   float acc[RPW];
 #pragma unroll
   for (int i = 0; i < RPW; ++i) acc[i] = 0.0f;
-  auto x_of = [&](int) { return xs; };
   const int stage = warp >> a.stage_shift;  // warps per stage: 1 << stage_shift
   mbar_wait(bar + stage, 0);
   if (stage == 0) probe_mark(1);
@@ -154,18 +153,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
     const int s2 = stage + a.depth;
     issue_pending<GLU ? 6 : 3>(pending + s2 * kStageCopies, smem, bar + s2);
   }
-  for (int c = lane; c < int(n_chunks); c += 32) {  // 32-bit indices: a 64-bit one cost the loop a spilled register
-    const int g = c >> gshift;
-    uint32_t wd[RPW][BITS];
-    float sc[RPW], bi[RPW];
-#pragma unroll
-    for (int i = 0; i < RPW; ++i) {
-      tile.load(lr[i], c, wd[i]);
-      sc[i] = tile.scale(lr[i], g);
-      bi[i] = tile.bias(lr[i], g);
-    }
-    dot_step<BITS, RPW, true>(wd, sc, bi, c, x_of, acc);
-  }
+  bulk::tile_rows_dot(tile, lr, int(n_chunks), gshift, xs, lane, acc);
 #pragma unroll
   for (int i = 0; i < RPW; ++i) acc[i] = warp_sum(acc[i]);
   probe_mark(2);

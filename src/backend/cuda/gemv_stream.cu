@@ -58,7 +58,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvArgs a, in
   stage_xsums(xs, n_chunks);
   __syncthreads();
   const int gshift = __ffs(w.group_size / kChunk) - 1;
-  auto x_of = [&](int) { return xs; };
   for (int64_t t = t0; t < t1; ++t) {
     const int i = int(t - t0), s = i % slots;
     const int64_t r0 = t * kRows;
@@ -71,18 +70,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvArgs a, in
     float acc[kRpw];
 #pragma unroll
     for (int k = 0; k < kRpw; ++k) acc[k] = 0.0f;
-    for (int c = lane; c < int(n_chunks); c += 32) {
-      const int g = c >> gshift;
-      uint32_t wd[kRpw][BITS];
-      float sc[kRpw], bi[kRpw];
-#pragma unroll
-      for (int k = 0; k < kRpw; ++k) {
-        tile.load(lr[k], c, wd[k]);
-        sc[k] = tile.scale(lr[k], g);
-        bi[k] = tile.bias(lr[k], g);
-      }
-      dot_step<BITS, kRpw, true>(wd, sc, bi, c, x_of, acc);
-    }
+    bulk::tile_rows_dot(tile, lr, int(n_chunks), gshift, xs, lane, acc);
 #pragma unroll
     for (int k = 0; k < kRpw; ++k) acc[k] = warp_sum(acc[k]);
     if (lane == 0) {
