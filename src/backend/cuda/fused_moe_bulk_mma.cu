@@ -74,9 +74,10 @@ __device__ __forceinline__ void tile_group_mma(const unsigned char* row0, int64_
 // 64% of kernel A's shared-memory wavefronts as conflicts); 128 / kGroupBytes consecutive groups would span all banks.
 // Two groups at a time halve the conflicts where a lane's words of a group are at most 2 (4-bit g32 / g64, 8-bit
 // g32); more groups, or wider ones, cost registers: kernel A (64 per thread, four blocks per SM) spilled, and kernel
-// B at 4 groups took 96 and made the step slower (docs/benchmarks.md, seventeenth tree). 1: no rotation.
+// B at 4 groups took 96-118 (or spilled at 80) and made the step slower (docs/benchmarks.md, seventeenth tree).
+// 1: no rotation.
 template <int BITS, int GS>
-constexpr int kRot = GS* BITS / 8 < 128 && GS / 32 * BITS / 4 <= 2 ? 2 : 1;
+constexpr int kRot = (GS * BITS / 8 < 128 && GS / 32 * BITS / 4 <= 2) ? 2 : 1;
 
 // acc += s * sum((q - z) x) + (b + z s) * sum(x) for rows gid (s0, b0) and gid + 8 (s1, b1): lane t == 0 holds columns
 // 0, 1 (hi, mid), t == 1 columns 2, 3 (lo, 0); the bias term is added once, by t == 0 (xs is 0 elsewhere).
