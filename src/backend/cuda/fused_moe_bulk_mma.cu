@@ -45,28 +45,36 @@ __device__ __forceinline__ void stage_act_planes(const float* act, int64_t n, un
   }
 }
 
-// One group of a 16-row tile times the staged vector: the MMAs of its 32-value blocks, accumulated in d (lane
-// (gid, t): rows gid and gid + 8, columns 2t, 2t + 1). row0: the tile's first row in shared memory (row stride
-// row_bytes); gl: the group within the rows; bp: the lane's B-fragment base (planes + plane(gid) + t * 16); g: the
-// same group's index in the staged vector (kernel B's vector holds k slots' groups one after another).
-template <int BITS, int GS>
-__device__ __forceinline__ void tile_group_mma(const unsigned char* row0, int64_t row_bytes, int64_t gl,
-                                               const unsigned char* bp, int64_t g, int gid, int t, float (&d)[4]) {
-  constexpr int kBlocks = GS / 32, kGroupBytes = GS * BITS / 8, kWords = kBlocks * BITS / 4;
-  uint32_t w[2][kWords];  // rows gid, gid + 8
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    lds_words(row0 + (gid + 8 * h) * row_bytes + gl * kGroupBytes + t * (kGroupBytes / 4), w[h]);
-  }
+// The MMAs of one group's 32-value blocks given the lane's words of rows gid (w0) and gid + 8 (w1), accumulated in d
+// (lane (gid, t): rows gid and gid + 8, columns 2t, 2t + 1). bp: the lane's B-fragment base (planes + plane(gid) +
+// t * 16); g: the group's index in the staged vector (kernel B's vector holds k slots' groups one after another).
+template <int BITS, int GS, int W>
+__device__ __forceinline__ void group_words_mma(const uint32_t (&w0)[W], const uint32_t (&w1)[W],
+                                                const unsigned char* bp, int64_t g, int gid, float (&d)[4]) {
+  constexpr int kBlocks = GS / 32;
 #pragma unroll
   for (int p = 0; p < kBlocks; ++p) {
     uint4 bx = make_uint4(0u, 0u, 0u, 0u);
     if (gid < 3) bx = *reinterpret_cast<const uint4*>(bp + (g * kBlocks + p) * 64);
     uint32_t q[2][4];
-    block_frags<BITS>(w[0], w[1], p, q);
+    block_frags<BITS>(w0, w1, p, q);
     mma_bf16(d, q[0], bx.x, bx.y);
     mma_bf16(d, q[1], bx.z, bx.w);
   }
+}
+
+// One group of a 16-row tile times the staged vector (group_words_mma). row0: the tile's first row in shared memory
+// (row stride row_bytes); gl: the group within the rows; g: the same group's index in the staged vector.
+template <int BITS, int GS>
+__device__ __forceinline__ void tile_group_mma(const unsigned char* row0, int64_t row_bytes, int64_t gl,
+                                               const unsigned char* bp, int64_t g, int gid, int t, float (&d)[4]) {
+  constexpr int kGroupBytes = GS * BITS / 8, kWords = GS / 32 * BITS / 4;
+  uint32_t w[2][kWords];  // rows gid, gid + 8
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    lds_words(row0 + (gid + 8 * h) * row_bytes + gl * kGroupBytes + t * (kGroupBytes / 4), w[h]);
+  }
+  group_words_mma<BITS, GS>(w[0], w[1], bp, g, gid, d);
 }
 
 // Groups per rotation round of tile_groups_mma: the rows of a tile lie row_bytes apart (a multiple of 128 bytes), so
@@ -98,7 +106,7 @@ __device__ __forceinline__ void fold_sb(float s0, float b0, float s1, float b1, 
 template <int BITS, int GS, typename ST, int R>
 __device__ __forceinline__ void tile_groups_mma(const RowTile<BITS, ST>& tile, int gl0, const unsigned char* bp, int g0,
                                                 const float* xsum, int gid, int t, float (&acc)[2]) {
-  constexpr int kBlocks = GS / 32, kGroupBytes = GS * BITS / 8, kWords = kBlocks * BITS / 4;
+  constexpr int kGroupBytes = GS * BITS / 8, kWords = GS / 32 * BITS / 4;
   static_assert((R & (R - 1)) == 0 && R <= 8, "R: a power of two up to 8");
   const int s = gid & (R - 1), row_bytes = int(tile.row_bytes);  // 32-bit offsets: kernel A has 64 registers
   uint32_t w[R][2][kWords];                                      // [round or group][row gid, gid + 8]
@@ -147,15 +155,7 @@ __device__ __forceinline__ void tile_groups_mma(const RowTile<BITS, ST>& tile, i
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int p = 0; p < kBlocks; ++p) {
-      uint4 bx = make_uint4(0u, 0u, 0u, 0u);
-      if (gid < 3) bx = *reinterpret_cast<const uint4*>(bp + ((g0 + i) * kBlocks + p) * 64);
-      uint32_t q[2][4];
-      block_frags<BITS>(w[i][0], w[i][1], p, q);
-      mma_bf16(d, q[0], bx.x, bx.y);
-      mma_bf16(d, q[1], bx.z, bx.w);
-    }
+    group_words_mma<BITS, GS>(w[i][0], w[i][1], bp, g0 + i, gid, d);
     const float xs = t == 0 ? xsum[g0 + i] : 0.0f;
     if constexpr (kVec) {
       fold_sb<BITS>(packed_at<ST>(sc[0], i), packed_at<ST>(bi[0], i), packed_at<ST>(sc[1], i), packed_at<ST>(bi[1], i),
@@ -365,8 +365,9 @@ bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
   const FusedMoeArgs as = with_down_share(a, grid.x);
   dispatch(g, [&]<int BITS, int GS, typename ST>() {
     auto go = [&]<GluAct ACT>() {
-      if constexpr (kRot < BITS, GS >> 1) {
-        if (a.rotate && groups % (kWarps * kRot<BITS, GS>) == 0) {
+      constexpr int kR = kRot<BITS, GS>;
+      if constexpr (kR > 1) {
+        if (a.rotate && groups % (kWarps * kR) == 0) {
           return launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, true>, grid, smem, as);
         }
       }
