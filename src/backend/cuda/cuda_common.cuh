@@ -218,6 +218,9 @@ __device__ __forceinline__ void raise_device_error(unsigned* flag, unsigned bits
 // stream is still running: before pdl_wait() it may only read weights (never written by kernels), so their
 // memory latency overlaps the previous kernel; pdl_wait() returns once that kernel has finished and its writes
 // are visible. pdl_trigger() (always after pdl_wait(), so at most two kernels overlap) lets the next one start.
+// That order is also what lets a kernel read, before its wait, what the kernel two launches back wrote (kernel B
+// reads the router's indices so): with pdl_enter() triggering first, decode results changed (docs/benchmarks.md,
+// eighteenth session).
 // Both are no-ops for a kernel launched without the attribute. In probe builds pdl_wait() also records when the
 // block called it and when it returned (probe.cuh).
 
