@@ -98,6 +98,13 @@ __device__ __forceinline__ void fold_sb(float s0, float b0, float s1, float b1, 
   acc[1] = fmaf(s1, d[2] + d[3], fmaf(z1, xs, acc[1]));
 }
 
+// Folds one group's MMA sums into the rows' f32 accumulators (fold_sb with the group's scales and biases).
+template <int BITS, typename ST>
+__device__ __forceinline__ void fold_group(const RowTile<BITS, ST>& tile, int64_t gl, float xs, int gid,
+                                           const float (&d)[4], float (&acc)[2]) {
+  fold_sb<BITS>(tile.scale(gid, gl), tile.bias(gid, gl), tile.scale(gid + 8, gl), tile.bias(gid + 8, gl), xs, d, acc);
+}
+
 // Groups gl0 .. gl0 + R - 1 of a 16-row tile, each exactly as tile_group_mma computes it and folded in order into acc
 // (fold_sb; xsum: the staged vector's group sums from group g0, bp as in tile_group_mma). In load round i the lanes of
 // row gid read group (i + gid) % R, so the 8 rows spread over R times as many banks; the words are then rotated back
@@ -161,18 +168,9 @@ __device__ __forceinline__ void tile_groups_mma(const RowTile<BITS, ST>& tile, i
       fold_sb<BITS>(packed_at<ST>(sc[0], i), packed_at<ST>(bi[0], i), packed_at<ST>(sc[1], i), packed_at<ST>(bi[1], i),
                     xs, d, acc);
     } else {
-      const int gl = gl0 + i;
-      fold_sb<BITS>(tile.scale(gid, gl), tile.bias(gid, gl), tile.scale(gid + 8, gl), tile.bias(gid + 8, gl), xs, d,
-                    acc);
+      fold_group(tile, gl0 + i, xs, gid, d, acc);
     }
   }
-}
-
-// Folds one group's MMA sums into the rows' f32 accumulators (fold_sb with the group's scales and biases).
-template <int BITS, typename ST>
-__device__ __forceinline__ void fold_group(const RowTile<BITS, ST>& tile, int64_t gl, float xs, int gid,
-                                           const float (&d)[4], float (&acc)[2]) {
-  fold_sb<BITS>(tile.scale(gid, gl), tile.bias(gid, gl), tile.scale(gid + 8, gl), tile.bias(gid + 8, gl), xs, d, acc);
 }
 
 // Kernel A: the grid, copies and result of fused_gate_up_bulk_kernel with two rows per warp, i.e. a 16-row tile of
