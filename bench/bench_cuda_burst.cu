@@ -6,8 +6,9 @@
 //   l2pf     as staged, with the second half requested into L2 (cp.async.bulk.prefetch.L2) together with the first
 //   empty    no copies (the step's fixed cost)
 // All copies go out after pdl_wait, as kernel A's (its experts come from the kernel before). Prints us per step
-// and the bytes per us beyond the empty step. Built only with the CUDA backend.
-// Usage: bench_cuda_burst [--steps N] [--reps N]
+// and the bytes per us beyond the empty step. With --resident 1 every step copies the same region instead, which
+// then stays in L2: how fast the same bursts land from L2. Built only with the CUDA backend.
+// Usage: bench_cuda_burst [--steps N] [--reps N] [--resident 0|1]
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -67,11 +68,12 @@ __global__ void __launch_bounds__(kThreads) burst_kernel(const unsigned char* w,
 int main(int argc, char** argv) {
   const int steps = moecel::bench::arg_int(argc, argv, "--steps", 64);
   const int reps = moecel::bench::arg_int(argc, argv, "--reps", 20);
+  const bool resident = moecel::bench::arg_int(argc, argv, "--resident", 0) != 0;
   int sms = 0, l2 = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-  const int64_t region = 40ll << 20;                            // bytes per step's region (>= the largest burst)
-  const int n_regions = int((8ll * l2 + region - 1) / region);  // the rotation spans ~8x the L2
+  const int64_t region = 40ll << 20;  // bytes per step's region (>= the largest burst)
+  const int n_regions = resident ? 1 : int((8ll * l2 + region - 1) / region);  // else a rotation over ~8x the L2
   unsigned char* w;
   float* out;
   CUDA_CHECK(cudaMalloc(&w, size_t(region) * n_regions));
