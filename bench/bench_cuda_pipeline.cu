@@ -64,7 +64,8 @@ __device__ __forceinline__ void compute_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kCompute) : "memory");
 }
 
-// The block's sum of squares of vector x (kCompute threads; red: kCompute / 32 floats), then its slice of y.
+// The norm factor 1 / rms(x) of vector x, from the block's sum of squares (kCompute threads; red: kCompute / 32
+// floats).
 template <bool kNamed>
 __device__ __forceinline__ float stage_vector(const float* x, float* red) {
   float s = 0.0f;
@@ -258,20 +259,10 @@ int main(int argc, char** argv) {
     std::printf("stream: the kernel does not fit an SM with %d slots\n", L.slots);
     return 1;
   }
-  unsigned epoch = 0;
-  stream_kernel<<<sms, kCompute + 32, ring, st>>>(L, ++epoch);  // warm-up
-  CUDA_CHECK(cudaStreamSynchronize(st));
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  CUDA_CHECK(cudaEventRecord(e0, st));
-  for (int r = 0; r < reps; ++r) stream_kernel<<<sms, kCompute + 32, ring, st>>>(L, ++epoch);
-  CUDA_CHECK(cudaEventRecord(e1, st));
-  CUDA_CHECK(cudaStreamSynchronize(st));
-  CUDA_CHECK(cudaGetLastError());
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  const double stream_us = ms * 1000.0 / (double(reps) * L.layers);
+  unsigned epoch = 0;  // launches so far: each one's counters target (epoch) * grid
+  const double stream_us =
+      moecel::bench::launches_us(st, reps, [&] { stream_kernel<<<sms, kCompute + 32, ring, st>>>(L, ++epoch); }) /
+      L.layers;
   float check = 0;
   CUDA_CHECK(cudaMemcpy(&check, L.vec + size_t(n_vec - 1) * kH, 4, cudaMemcpyDeviceToHost));
   std::printf("pdl     %8.2f us per layer (%.0f GB/s)\n", pdl_us, L.layer_bytes / pdl_us / 1e3);

@@ -155,9 +155,6 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaMemcpy(a, ones.data(), kH * 4, cudaMemcpyHostToDevice));
   cudaStream_t st;
   CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
   std::printf("%d SMs, %d threads per block, %d steps, %d x 16 B of weights per thread per step (%.0f KB)\n", sms,
               kThreads, steps, wpt, double(wpt) * grid_threads * 16 / 1024);
 
@@ -171,15 +168,7 @@ int main(int argc, char** argv) {
         chain_kernel<<<sms, kThreads, 0, st>>>(a, b, w, step_stride, steps, wpt, counter, barriers);
         barriers += unsigned(steps) * unsigned(sms);
       };
-      launch();
-      CUDA_CHECK(cudaStreamSynchronize(st));
-      CUDA_CHECK(cudaEventRecord(e0, st));
-      for (int r = 0; r < reps; ++r) launch();
-      CUDA_CHECK(cudaEventRecord(e1, st));
-      CUDA_CHECK(cudaStreamSynchronize(st));
-      float ms = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      us = ms * 1000.0 / (double(reps) * steps);
+      us = moecel::bench::launches_us(st, reps, launch) / steps;
     } else {
       us = moecel::bench::chain_step_us(
           st, steps, reps, dim3(sms), kThreads, mode == "pdl", a, b,

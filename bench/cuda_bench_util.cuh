@@ -9,27 +9,35 @@
 
 namespace moecel::bench {
 
-// Microseconds per replay of g: instantiated, replayed once (warm-up), then `reps` times between two events.
-// Destroys g.
-inline double graph_replay_us(cudaStream_t st, cudaGraph_t g, int reps) {
-  cudaGraphExec_t ge;
-  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  CUDA_CHECK(cudaGraphLaunch(ge, st));
+// Microseconds per call of launch() (which enqueues work on st): called once (warm-up), then `reps` times between
+// two events.
+template <class Launch>
+double launches_us(cudaStream_t st, int reps, Launch launch) {
+  launch();
   CUDA_CHECK(cudaStreamSynchronize(st));
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
   CUDA_CHECK(cudaEventRecord(e0, st));
-  for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
+  for (int i = 0; i < reps; ++i) launch();
   CUDA_CHECK(cudaEventRecord(e1, st));
   CUDA_CHECK(cudaStreamSynchronize(st));
+  CUDA_CHECK(cudaGetLastError());
   float ms = 0;
   CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
   CUDA_CHECK(cudaEventDestroy(e0));
   CUDA_CHECK(cudaEventDestroy(e1));
+  return ms * 1000.0 / reps;
+}
+
+// Microseconds per replay of g (launches_us). Destroys g.
+inline double graph_replay_us(cudaStream_t st, cudaGraph_t g, int reps) {
+  cudaGraphExec_t ge;
+  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  const double us = launches_us(st, reps, [&] { CUDA_CHECK(cudaGraphLaunch(ge, st)); });
   CUDA_CHECK(cudaGraphExecDestroy(ge));
   CUDA_CHECK(cudaGraphDestroy(g));
-  return ms * 1000.0 / reps;
+  return us;
 }
 
 // Microseconds per step of a chain of `steps` launches captured into one graph and replayed `reps` times:
