@@ -173,6 +173,8 @@ __global__ void __launch_bounds__(kFusedThreads)
   const bool mine = u < head_dim;  // this thread's element of the head
   const float nq = mine ? load_float(q_norm, q_wtype, q_off + u) : 0.0f;
   const float nk = mine ? load_float(k_norm, k_wtype, kv_off + u) : 0.0f;
+  float sn = 0.0f, cs = 1.0f;  // this element's rotary angle: the position is known before the wait
+  if (mine && u < 2 * half) rope_angle(u, half, float(pos0), freqs, sn, cs);
   prefetch_cache_rows(kc, vc, kv_width, kv_off, head_dim, pos0, window, prefetch_rows);
   pdl_enter();
   float sq[2], sk[2];
@@ -211,11 +213,10 @@ __global__ void __launch_bounds__(kFusedThreads)
     hk[u] = xk * inv_k * nk;
   }
   __syncthreads();
-  const float pos = float(pos0);
   float oq = 0.0f;
   if (mine) {
-    oq = u < 2 * half ? rope_value(hq, u, half, pos, freqs) : hq[u];
-    const float ok = u < 2 * half ? rope_value(hk, u, half, pos, freqs) : hk[u];
+    oq = u < 2 * half ? rope_rotate(hq, u, half, sn, cs) : hq[u];
+    const float ok = u < 2 * half ? rope_rotate(hk, u, half, sn, cs) : hk[u];
     if (pos0 >= 0 && pos0 < capacity) {
       kc[pos0 * kv_width + kv_off + u] = ok;
       vc[pos0 * kv_width + kv_off + u] = xv;

@@ -43,13 +43,23 @@ constexpr int kQkNormThreads = 1024;
 constexpr int kQkNormPer = 4;
 
 #ifdef __CUDACC__
-// Element c (< 2 * half) of a normalized head after NeoX rotary at position pos: pairs (i, i + half).
-__device__ __forceinline__ float rope_value(const float* head, int c, int half, float pos, const RopeFreqs& f) {
+// The rotary angle's sine and cosine for element c (< 2 * half) at position pos.
+__device__ __forceinline__ void rope_angle(int c, int half, float pos, const RopeFreqs& f, float& sn, float& cs) {
+  sincosf(pos * f.inv_freq[c < half ? c : c - half], &sn, &cs);
+}
+
+// Element c (< 2 * half) of a normalized head after NeoX rotary by the angle (sn, cs): pairs (i, i + half).
+__device__ __forceinline__ float rope_rotate(const float* head, int c, int half, float sn, float cs) {
   const int i = c < half ? c : c - half;
   const float a = head[i], b = head[i + half];
-  float sn, cs;
-  sincosf(pos * f.inv_freq[i], &sn, &cs);
   return c < half ? a * cs - b * sn : b * cs + a * sn;
+}
+
+// Element c (< 2 * half) of a normalized head after NeoX rotary at position pos.
+__device__ __forceinline__ float rope_value(const float* head, int c, int half, float pos, const RopeFreqs& f) {
+  float sn, cs;
+  rope_angle(c, half, pos, f, sn, cs);
+  return rope_rotate(head, c, half, sn, cs);
 }
 #endif
 
