@@ -127,25 +127,31 @@ TEST_F(CudaOps, RmsNormLinearsBulkKernelMatchesTheOps) {
 
 // One token of a large rms_norm_linears (the vocabulary projection's shape class: the streaming kernel, 2 to 4 ring
 // slots, tiles that wrap the ring and a short last tile) against the bulk-copy kernel it replaces (streaming and
-// tensor-core kernels off): bit for bit, and within the CPU's rounding.
+// tensor-core kernels off): bit for bit with CUDA-core sums (MOECEL_CUDA_GEMV_STREAM_MMA=0), and within the CPU's
+// rounding. Its tensor-core walk (the default where out is whole 32-row tiles) gives other bits: within the CPU's
+// rounding, and not bit for bit the bulk kernel's (proof that it ran).
 TEST_F(CudaOps, RmsNormLinearStreamKernelMatchesTheBulkKernel) {
   struct Case {
     int bits, group_size;
     DType scale_type;
     int64_t out, in;
+    bool mma;  // the tensor-core walk takes it
   };
   const std::vector<Case> cases = {
-      {4, 64, DType::kF16, 16392, 256},    // a last tile of 8 rows
-      {8, 32, DType::kBF16, 20000, 512},   // 8-bit, 16 rows in the last tile
-      {4, 128, DType::kF32, 16416, 2048},  // OLMoE's width
+      {4, 64, DType::kF16, 16392, 256, false},   // a last tile of 8 rows
+      {8, 32, DType::kBF16, 20000, 512, true},   // 8-bit
+      {4, 128, DType::kF32, 16416, 2048, true},  // one group per rotation round
+      {4, 64, DType::kF16, 16384, 2048, true},   // OLMoE's lm_head shape class
   };
-  auto run = [&](const char* stream, const char* mma, const Case& c, const LinearWeight& hw, const Tensor& norm,
-                 const Tensor& x) {
+  auto run = [&](const char* stream, const char* mma, const char* stream_mma, const Case& c, const LinearWeight& hw,
+                 const Tensor& norm, const Tensor& x) {
     setenv("MOECEL_CUDA_GEMV_STREAM", stream, 1);
     setenv("MOECEL_CUDA_DECODE_MMA", mma, 1);
+    setenv("MOECEL_CUDA_GEMV_STREAM_MMA", stream_mma, 1);
     CudaBackend be;
-    unsetenv("MOECEL_CUDA_GEMV_STREAM");
-    unsetenv("MOECEL_CUDA_DECODE_MMA");
+    for (const char* name : {"MOECEL_CUDA_GEMV_STREAM", "MOECEL_CUDA_DECODE_MMA", "MOECEL_CUDA_GEMV_STREAM_MMA"}) {
+      unsetenv(name);
+    }
     const LinearWeight dw = be.to_device(hw);
     const Tensor dnorm = be.to_device(norm), dx = be.to_device(x);
     Tensor y = be.alloc(DType::kF32, {1, c.out}), xn = be.alloc(DType::kF32, {1, c.in});
@@ -162,12 +168,23 @@ TEST_F(CudaOps, RmsNormLinearStreamKernelMatchesTheBulkKernel) {
     Tensor cxn = cpu.alloc(DType::kF32, {1, c.in}), ref = cpu.alloc(DType::kF32, {1, c.out});
     cpu.rms_norm(x, norm, 1e-5f, cxn);
     cpu.linear(hw, cxn, ref);
-    const std::vector<float> bulk = run("0", "0", c, hw, norm, x);
+    const std::string what =
+        "bits " + std::to_string(c.bits) + " out " + std::to_string(c.out) + " in " + std::to_string(c.in);
+    const std::vector<float> bulk = run("0", "0", "0", c, hw, norm, x);
     ASSERT_EQ(bulk.size(), size_t(c.out));
-    EXPECT_LE(nmse(bulk, host_vec(ref)), kMatmul) << "bulk kernel, out " << c.out;
+    EXPECT_LE(nmse(bulk, host_vec(ref)), kMatmul) << "bulk kernel, " << what;
     for (const char* slots : {"2", "3", "4"}) {
-      const std::vector<float> y = run(slots, "2", c, hw, norm, x);
-      EXPECT_EQ(y, bulk) << "slots " << slots << " bits " << c.bits << " out " << c.out << " in " << c.in;
+      const std::vector<float> y = run(slots, "2", "0", c, hw, norm, x);
+      EXPECT_EQ(y, bulk) << "slots " << slots << ", " << what;
+      const std::vector<float> t = run(slots, "2", "1", c, hw, norm, x);
+      ASSERT_EQ(t.size(), bulk.size());
+      EXPECT_LE(nmse(t, host_vec(ref)), kMatmul) << "tensor cores, slots " << slots << ", " << what;
+      EXPECT_LE(nmse(t, bulk), kMatmul) << "tensor cores, slots " << slots << ", " << what;
+      if (c.mma) {
+        EXPECT_NE(t, bulk) << "tensor cores, slots " << slots << ", " << what << ": bit for bit the CUDA-core sums";
+      } else {
+        EXPECT_EQ(t, bulk) << "slots " << slots << ", " << what << ": no tensor-core walk for this shape";
+      }
     }
   }
 }

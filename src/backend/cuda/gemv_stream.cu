@@ -5,6 +5,7 @@
 // sums, the lane order of the dot product) is gemv_bulk_kernel's, so the logits are bit for bit the same.
 #include <algorithm>
 
+#include "backend/cuda/bulk_mma.cuh"
 #include "backend/cuda/fused_moe_bulk.cuh"
 #include "backend/cuda/fused_moe_dot.cuh"
 #include "backend/cuda/qgemv.cuh"
@@ -19,6 +20,25 @@ constexpr int kRpw = 4;               // rows per warp and tile
 constexpr int kRows = kWarps * kRpw;  // rows per tile
 constexpr int kMaxSlots = 8;          // barriers in the block's first kBarBytes
 static_assert(kMaxSlots * 8 <= int(bulk::kBarBytes), "the slots' barriers fit before the ring");
+
+// A streaming block's start: the slots' barriers, the first slots' copies (issue(tile, slot) by thread 0; weights
+// only, so before the wait), then x staged and, with a norm, normalized (ends with a barrier either way).
+template <class Issue>
+__device__ __forceinline__ void stream_prologue(const GemvArgs& a, int slots, int64_t t0, int64_t t1, uint64_t* bar,
+                                                float* xs, Issue issue) {
+  const int64_t in = a.w[0].in;
+  if (threadIdx.x < slots) mbar_init(bar + threadIdx.x, 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < slots && t0 + s < t1; ++s) issue(t0 + s, s);
+  }
+  float nw[gemv::kNormRegs];
+  gemv::load_norm(a, in, nw);
+  pdl_enter();
+  stage_chunks(a.x, in, xs);
+  __syncthreads();
+  if (a.f.norm_w) gemv::normalize_staged(a, in, 0, xs, nw);
+}
 
 // Grid (resident blocks): block b takes tiles [b * n_tiles / G, (b + 1) * n_tiles / G) of a.w[0] (one part; y[0]).
 // Shared memory: the slots' barriers, `slots` tiles of kRows rows (RowTile layout), x staged. Tile i of the block sits
@@ -44,17 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvArgs a, in
     mbar_arrive_expect(bar + s, unsigned(n * (row_bytes + 2 * srow)));
     bulk::issue_rows(w, t * kRows, n, slot(s), bar + s);
   };
-  if (threadIdx.x < slots) mbar_init(bar + threadIdx.x, 1);
-  __syncthreads();
-  if (threadIdx.x == 0) {  // weights only: before the wait
-    for (int s = 0; s < slots && t0 + s < t1; ++s) issue(t0 + s, s);
-  }
-  float nw[gemv::kNormRegs];
-  gemv::load_norm(a, in, nw);
-  pdl_enter();
-  stage_chunks(a.x, in, xs);
-  __syncthreads();
-  if (a.f.norm_w) gemv::normalize_staged(a, in, 0, xs, nw);
+  stream_prologue(a, slots, t0, t1, bar, xs, issue);
   stage_xsums(xs, n_chunks);
   __syncthreads();
   const int gshift = __ffs(w.group_size / kChunk) - 1;
@@ -83,18 +93,121 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvArgs a, in
   }
 }
 
+// One launch of a streaming kernel over as many blocks as are resident at once (at most one per tile).
+template <class Kernel>
+void launch_resident(const Ctx& ctx, Kernel kernel, const GemvArgs& a, size_t smem, int slots, int64_t n_tiles) {
+  const int64_t resident = int64_t(resident_per_sm(kernel, kThreads, smem)) * std::max(ctx.sm_count, 1);
+  const dim3 grid{unsigned(std::min(n_tiles, std::max<int64_t>(1, resident)))};
+  launch_k(ctx, kernel, grid, kThreads, smem, a, slots, n_tiles);
+}
+
 template <int BITS>
 void launch_bits(const Ctx& ctx, const GemvArgs& a, size_t smem, int slots, int64_t n_tiles) {
-  auto go = [&](auto kernel) {
-    const int64_t resident = int64_t(resident_per_sm(kernel, kThreads, smem)) * std::max(ctx.sm_count, 1);
-    const dim3 grid{unsigned(std::min(n_tiles, std::max<int64_t>(1, resident)))};
-    launch_k(ctx, kernel, grid, kThreads, smem, a, slots, n_tiles);
-  };
+  auto go = [&](auto kernel) { launch_resident(ctx, kernel, a, smem, slots, n_tiles); };
   switch (a.w[0].stype) {
     case FloatType::kF32: go(gemv_stream_kernel<BITS, float>); break;
     case FloatType::kF16: go(gemv_stream_kernel<BITS, __half>); break;
     case FloatType::kBF16: go(gemv_stream_kernel<BITS, __nv_bfloat16>); break;
   }
+}
+
+// The same walk on tensor cores (MOECEL_CUDA_GEMV_STREAM_MMA): a slot holds a 32-row tile as two 16-row RowTiles (the
+// layout bulk::tile_groups_mma reads), x staged and normalized as above and then as three bf16 planes; warp w takes
+// 16-row half w % 2 and a quarter of its groups, the quarters' sums added in order by 32 threads. The CUDA-core loop
+// above is issue-bound at ~3.5 instructions per weight; unpacking for the MMAs costs ~1.5. The logits agree with it
+// to f32 rounding, not bit for bit. Preconditions (launch_gemv_stream): out % kRows == 0, groups % (4 * kRot) == 0.
+constexpr int kQuarters = kWarps / 2;
+template <int BITS, int GS, typename ST>
+__global__ void __launch_bounds__(kThreads, 1) gemv_stream_mma_kernel(GemvArgs a, int slots, int64_t n_tiles) {
+  extern __shared__ float4 smem4[];
+  constexpr int kHalf = kMmaTileRows, R = bulk::kRot<BITS, GS>;
+  const WeightView& w = a.w[0];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, t = lane & 3;
+  const int64_t in = w.in, n_chunks = in / kChunk, groups = in / GS, plane = mma_plane_bytes(in);
+  const int64_t row_bytes = bulk::packed_row_bytes(in, BITS), srow = bulk::scale_row_bytes<ST>(in, GS);
+  const int64_t half_bytes = bulk::RowTile<BITS, ST>::bytes(kHalf, row_bytes, srow);
+  unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
+  auto* bar = reinterpret_cast<uint64_t*>(smem);
+  unsigned char* ring = smem + bulk::kBarBytes;
+  float* xs = reinterpret_cast<float*>(ring + slots * 2 * half_bytes);
+  unsigned char* planes = reinterpret_cast<unsigned char*>(xs + n_chunks * kChunkPad);
+  float* xsum = reinterpret_cast<float*>(planes + 3 * plane);
+  float* part = xsum + (groups + 3) / 4 * 4;  // two buffers of (kWarps, kHalf)
+  const int64_t t0 = int64_t(blockIdx.x) * n_tiles / gridDim.x, t1 = int64_t(blockIdx.x + 1) * n_tiles / gridDim.x;
+  auto half = [&](int s, int h) {
+    return bulk::RowTile<BITS, ST>{ring + (2 * s + h) * half_bytes, row_bytes, srow, kHalf};
+  };
+  auto issue = [&](int64_t tile, int s) {  // thread 0
+    mbar_arrive_expect(bar + s, unsigned(kRows * (row_bytes + 2 * srow)));
+    for (int h = 0; h < 2; ++h) bulk::issue_rows(w, tile * kRows + h * kHalf, kHalf, half(s, h), bar + s);
+  };
+  stream_prologue(a, slots, t0, t1, bar, xs, issue);
+  mma_stage<GS>(
+      in,
+      [&](int64_t i, float(&v)[8]) {
+        const float* p = xs + (i / kChunk) * kChunkPad + i % kChunk;  // 8 values never straddle a chunk
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = p[j];
+      },
+      planes, xsum);
+  __syncthreads();
+  const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * 16;
+  const int h = warp & 1, per = int(groups) / kQuarters, g0 = (warp >> 1) * per;
+  for (int64_t tile = t0; tile < t1; ++tile) {
+    const int i = int(tile - t0), s = i % slots;
+    mbar_wait(bar + s, unsigned(i / slots) & 1u);
+    const bulk::RowTile<BITS, ST> tl = half(s, h);
+    float acc[2] = {0.0f, 0.0f};  // rows gid, gid + 8 of the half
+    for (int g = g0; g < g0 + per; g += R) bulk::tile_groups_mma<BITS, GS, ST, R>(tl, g, bp, g, xsum, gid, t, acc);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 1);
+    float* pb = part + (i & 1) * kWarps * kHalf;  // double-buffered: the next tile's writes need no second barrier
+    if (t == 0) {
+      pb[warp * kHalf + gid] = acc[0];
+      pb[warp * kHalf + gid + 8] = acc[1];
+    }
+    __syncthreads();  // every warp is done with slot s and has written its sums
+    if (threadIdx.x == 0 && tile + slots < t1) issue(tile + slots, s);
+    if (threadIdx.x < kRows) {  // row r: its half's quarters in order
+      const int r = threadIdx.x, rh = r / kHalf, rr = r % kHalf;
+      float y = pb[rh * kHalf + rr];
+      for (int q = 1; q < kQuarters; ++q) y += pb[(2 * q + rh) * kHalf + rr];
+      a.y[0][tile * kRows + r] = y;
+    }
+  }
+}
+
+template <int BITS, int GS>
+void launch_mma_gs(const Ctx& ctx, const GemvArgs& a, size_t smem, int slots, int64_t n_tiles) {
+  auto go = [&](auto kernel) { launch_resident(ctx, kernel, a, smem, slots, n_tiles); };
+  switch (a.w[0].stype) {
+    case FloatType::kF32: go(gemv_stream_mma_kernel<BITS, GS, float>); break;
+    case FloatType::kF16: go(gemv_stream_mma_kernel<BITS, GS, __half>); break;
+    case FloatType::kBF16: go(gemv_stream_mma_kernel<BITS, GS, __nv_bfloat16>); break;
+  }
+}
+
+// The tensor-core walk where its preconditions hold; false otherwise.
+template <int BITS>
+bool launch_mma_bits(const Ctx& ctx, const GemvArgs& a, int slots, int64_t n_tiles) {
+  const WeightView& w = a.w[0];
+  const int gs = int(w.group_size);
+  if ((gs != 32 && gs != 64 && gs != 128) || w.in % gs != 0 || w.out % kRows != 0) return false;
+  const int rot = gs == 32 ? bulk::kRot<BITS, 32> : gs == 64 ? bulk::kRot<BITS, 64> : bulk::kRot<BITS, 128>;
+  const int64_t groups = w.in / gs;
+  if (groups % (kQuarters * rot) != 0) return false;
+  const int64_t row_bytes = bulk::packed_row_bytes(w.in, BITS), srow = bulk::scale_row_bytes_of(w);
+  const size_t smem = bulk::kBarBytes +
+                      size_t(slots) * 2 * size_t(bulk::RowTile<4, float>::bytes(kMmaTileRows, row_bytes, srow)) +
+                      bulk::staged_floats_bytes(w.in) + 3 * size_t(mma_plane_bytes(w.in)) +
+                      size_t((groups + 3) / 4 * 4) * sizeof(float) + 2 * size_t(kWarps) * kMmaTileRows * sizeof(float);
+  if (smem > size_t(ctx.max_smem_optin)) return false;
+  switch (gs) {
+    case 32: launch_mma_gs<BITS, 32>(ctx, a, smem, slots, n_tiles); break;
+    case 64: launch_mma_gs<BITS, 64>(ctx, a, smem, slots, n_tiles); break;
+    default: launch_mma_gs<BITS, 128>(ctx, a, smem, slots, n_tiles); break;
+  }
+  return true;
 }
 
 }  // namespace
@@ -112,6 +225,10 @@ bool gemv::launch_gemv_stream(const Ctx& ctx, GemvArgs& a) {
                       bulk::staged_floats_bytes(w.in);
   if (smem > size_t(ctx.max_smem_optin)) return false;
   const int64_t n_tiles = (w.out + kRows - 1) / kRows;
+  if (ctx.gemv_stream_mma &&
+      (w.bits == 4 ? launch_mma_bits<4>(ctx, a, slots, n_tiles) : launch_mma_bits<8>(ctx, a, slots, n_tiles))) {
+    return true;
+  }
   w.bits == 4 ? launch_bits<4>(ctx, a, smem, slots, n_tiles) : launch_bits<8>(ctx, a, smem, slots, n_tiles);
   return true;
 }
