@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "backend/cuda/mma_frag.cuh"
+#include "backend/cuda/qdot.cuh"
 #include "backend/cuda/qmatmul.cuh"
 
 namespace moecel::cuda {
@@ -93,6 +94,22 @@ __device__ __forceinline__ void mma_stage(int64_t n, Load8 load8, unsigned char*
     for (int off = 1; off < kOctPerGroup; off <<= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     if (o < n_oct && o % kOctPerGroup == 0) xsum[o / kOctPerGroup] = s;
   }
+}
+
+// mma_stage of n values already staged in shared memory in the padded chunk layout (stage_chunks: 16-byte aligned
+// chunks, so an octet is two float4 loads within one chunk).
+template <int GS>
+__device__ __forceinline__ void mma_stage_chunks(int64_t n, const float* xs, unsigned char* planes, float* xsum) {
+  mma_stage<GS>(
+      n,
+      [&](int64_t i, float(&v)[8]) {
+        const float* src = xs + (i / kChunk) * kChunkPad + i % kChunk;
+        const float4 lo = reinterpret_cast<const float4*>(src)[0];
+        const float4 hi = reinterpret_cast<const float4*>(src)[1];
+        v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+        v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+      },
+      planes, xsum);
 }
 
 // Eight consecutive f32 from global memory (16-byte aligned when `vec`).

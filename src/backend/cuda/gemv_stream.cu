@@ -1,8 +1,9 @@
 // The streaming matrix-vector kernel for one large single-token product (the vocabulary projection, after the final
 // RMSNorm): one block per SM walks a contiguous run of 32-row tiles through a ring of shared-memory slots fed by
 // bulk copies, so the normalized x is staged once per block (not once per 16 rows, as gemv_bulk_kernel's thousands of
-// blocks do) and the ring keeps DRAM busy while the warps compute. Per-row arithmetic (staging, normalization, chunk
-// sums, the lane order of the dot product) is gemv_bulk_kernel's, so the logits are bit for bit the same.
+// blocks do) and the ring keeps DRAM busy while the warps compute. The CUDA-core kernel's per-row arithmetic (staging,
+// normalization, chunk sums, the lane order of the dot product) is gemv_bulk_kernel's, so its logits are bit for bit
+// the same; the tensor-core kernel (the default where the shape allows) agrees with them to f32 rounding.
 #include <algorithm>
 
 #include "backend/cuda/bulk_mma.cuh"
@@ -142,14 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_mma_kernel(GemvArgs a
     for (int h = 0; h < 2; ++h) bulk::issue_rows(w, tile * kRows + h * kHalf, kHalf, half(s, h), bar + s);
   };
   stream_prologue(a, slots, t0, t1, bar, xs, issue);
-  mma_stage<GS>(
-      in,
-      [&](int64_t i, float(&v)[8]) {
-        const float* p = xs + (i / kChunk) * kChunkPad + i % kChunk;  // 8 values never straddle a chunk
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = p[j];
-      },
-      planes, xsum);
+  mma_stage_chunks<GS>(in, xs, planes, xsum);
   __syncthreads();
   const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * 16;
   const int h = warp & 1, per = int(groups) / kQuarters, g0 = (warp >> 1) * per;

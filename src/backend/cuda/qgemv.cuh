@@ -211,8 +211,9 @@ bool launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs);
 constexpr int64_t kStreamRows = 16384;
 
 // The streaming kernel (gemv_stream.cu) for one token of one 4-/8-bit matrix of at least kStreamRows rows whose rows
-// can be bulk-copied (a.f: the norm only), when Ctx::gemv_stream is on; bit for bit gemv_bulk_kernel's sums. Returns
-// false, launching nothing, otherwise.
+// can be bulk-copied (a.f: the norm only), when Ctx::gemv_stream is on: on tensor cores where Ctx::gemv_stream_mma is
+// on and the shape allows (f32 rounding of gemv_bulk_kernel's sums), else bit for bit gemv_bulk_kernel's sums.
+// Returns false, launching nothing, otherwise.
 bool launch_gemv_stream(const Ctx& ctx, GemvArgs& a);
 
 // The tensor-core kernel (qgemv_mma.cu) for 4- and 8-bit weights with group size 32, 64 or 128, when x and its

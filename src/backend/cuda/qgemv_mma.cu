@@ -125,16 +125,7 @@ __global__ void __launch_bounds__(kThreads) qgemv_mma_kernel(GemvArgs a, MmaShap
         stage_chunks(pair_x(a, in, p), in, xs);
         __syncthreads();
         if (a.f.norm_w) normalize_staged(a, in, p, xs, nw);
-        mma_stage<GS>(
-            in,
-            [&](int64_t i, float(&v)[8]) {
-              const float* src = xs + (i / kChunk) * kChunkPad + i % kChunk;  // within one chunk
-              const float4 lo = reinterpret_cast<const float4*>(src)[0];
-              const float4 hi = reinterpret_cast<const float4*>(src)[1];
-              v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
-              v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
-            },
-            planes, xsum);
+        mma_stage_chunks<GS>(in, xs, planes, xsum);
         __syncthreads();
       },
       after);
