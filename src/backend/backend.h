@@ -24,16 +24,22 @@ enum class RouterScoring {
   kTopKSoftmax,  // top-k of the logits, then softmax over those k (mixtral)
 };
 
-// A recorded single-token decode step (see Backend::capture_decode), replayed at any position of its KV cache.
+// Recorded single-token decode steps (see Backend::capture_decode), replayed at any position of their KV cache: one
+// step, or steps() steps at positions pos, pos + 1, ..., each fed the greedy token of the step before on the device.
 class DecodeGraph {
  public:
   virtual ~DecodeGraph() = default;
-  // Enqueues one step without waiting for it: its input id is `id` or, with `chain`, the output of the step
-  // enqueued just before (copied on the device, so the host need not know it yet); `pos` goes to the device step
-  // position. Two steps may be in flight, on slots 0 and 1: `slot` holds this step's output until wait(slot).
+  // Enqueues one replay without waiting for it: its first input id is `id` or, with `chain`, the last output of the
+  // replay enqueued just before (copied on the device, so the host need not know it yet); `pos` goes to the device
+  // step position. Two replays may be in flight, on slots 0 and 1: `slot` holds this replay's outputs until
+  // wait(slot).
   virtual void launch(int32_t id, bool chain, int64_t pos, int slot) = 0;
-  // Waits for the step enqueued on `slot` and returns the token id it wrote (the greedy next token).
+  // Waits for the replay enqueued on `slot` and returns the token id its last step wrote (the greedy next token).
   virtual int32_t wait(int slot) = 0;
+  // Decode steps per replay.
+  virtual int steps() const { return 1; }
+  // After wait(slot): the token id step i (< steps()) of that replay wrote.
+  virtual int32_t output(int slot, int i) = 0;
   // One step, waited for.
   int32_t run(int32_t id, int64_t pos) {
     launch(id, false, pos, 0);

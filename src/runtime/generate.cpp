@@ -26,15 +26,60 @@ bool decode_graphs_enabled() {
   return std::strcmp(v, "0") != 0;
 }
 
+namespace {
+
+// MOECEL_CUDA_GRAPH_STEPS: decode steps per graph replay at most (1 or 2; unset: 2).
+int graph_steps_from_env() {
+  const char* v = std::getenv("MOECEL_CUDA_GRAPH_STEPS");
+  if (v == nullptr || *v == '\0') return 2;
+  MOECEL_CHECK(std::strcmp(v, "1") == 0 || std::strcmp(v, "2") == 0, "MOECEL_CUDA_GRAPH_STEPS must be 1 or 2, got '{}'",
+               v);
+  return v[0] - '0';
+}
+
+}  // namespace
+
 GreedyStepper::GreedyStepper(Model& model, KvCache& cache)
-    : model_(model), cache_(cache), want_graph_(decode_graphs_enabled() && model.has_device_forward()) {}
+    : model_(model),
+      cache_(cache),
+      want_graph_(decode_graphs_enabled() && model.has_device_forward()),
+      max_steps_(graph_steps_from_env()) {}
 
 GreedyStepper::~GreedyStepper() {
   if (!ahead_) return;
   try {
-    graph_->wait(ahead_->slot);
-  } catch (const std::exception&) {  // a step nobody asked for: its errors are not the caller's
+    ahead_->graph->wait(ahead_->slot);
+  } catch (const std::exception&) {  // a replay nobody asked for: its errors are not the caller's
   }
+}
+
+bool GreedyStepper::record(int steps) {
+  Backend& be = model_.backend();
+  if (!ids_.data) ids_ = be.alloc(DType::kI32, {1});
+  const int64_t len = cache_.length;
+  std::optional<moe_trace::Recording> recording;  // one step's MoE dispatches, counted once per step taken
+  if (steps == 1) recording.emplace();
+  std::unique_ptr<DecodeGraph> g = be.capture_decode(
+      [&] {
+        for (int s = 0; s < steps; ++s) {
+          Tensor logits = model_.forward_device(ids_, cache_, false);  // (1, vocab_size)
+          be.argmax_to(logits, ids_);
+        }
+      },
+      ids_, ids_);
+  cache_.length = len;  // recording ran nothing
+  if (!g) return false;
+  MOECEL_CHECK(g->steps() == steps, "decode graph: recorded {} steps, expected {}", g->steps(), steps);
+  if (recording) graph_dispatches_ = recording->counts();
+  graphs_[steps - 1] = std::move(g);
+  return true;
+}
+
+DecodeGraph* GreedyStepper::pick(int64_t pos, bool more) {
+  // Recording needs the cache to hold both steps at its current length (the ops validate their positions).
+  const bool two = max_steps_ == 2 && more && pos + 2 <= cache_.capacity && cache_.length + 2 <= cache_.capacity;
+  if (two && !graphs_[1]) record(2);
+  return two && graphs_[1] ? graphs_[1].get() : graphs_[0].get();
 }
 
 int32_t GreedyStepper::step(int32_t id, bool more) {
@@ -43,34 +88,37 @@ int32_t GreedyStepper::step(int32_t id, bool more) {
   MOECEL_CHECK(cache_.length + 1 <= cache_.capacity, "context of {} tokens exceeds the KV cache capacity {}",
                cache_.length + 1, cache_.capacity);
   Backend& be = model_.backend();
-  if (want_graph_ && !graph_) {
-    ids_ = be.alloc(DType::kI32, {1});
-    const int64_t len = cache_.length;
-    moe_trace::Recording recording;  // the graph's MoE dispatches, counted once per replay
-    graph_ = be.capture_decode(
-        [&] {
-          Tensor logits = model_.forward_device(ids_, cache_, false);  // (1, vocab_size)
-          be.argmax_to(logits, ids_);
-        },
-        ids_, ids_);
-    cache_.length = len;  // recording ran nothing
-    graph_dispatches_ = recording.counts();
-    if (!graph_) want_graph_ = false;  // the backend has no graphs
-  }
-  if (graph_) {
+  if (want_graph_ && !graphs_[0] && !record(1)) want_graph_ = false;  // the backend has no graphs
+  if (graphs_[0]) {
     const int64_t pos = cache_.length;
+    if (beyond_ && beyond_->pos == pos && beyond_->input == id) {  // the last replay's second step ran this one
+      const int32_t next = beyond_->next;
+      beyond_.reset();
+      moe_trace::replayed_step(graph_dispatches_);
+      cache_.length += 1;
+      return next;
+    }
+    beyond_.reset();
     int slot = 0;
+    DecodeGraph* g = nullptr;
     if (ahead_ && ahead_->pos == pos && ahead_->input == id) {
       slot = ahead_->slot;  // already running
+      g = ahead_->graph;
     } else {
-      if (ahead_) graph_->wait(ahead_->slot);  // not the step wanted (another token or position): discarded
-      graph_->launch(id, false, pos, slot);
+      if (ahead_) ahead_->graph->wait(ahead_->slot);  // not the replay wanted (another token or position): discarded
+      ahead_.reset();
+      g = pick(pos, more);
+      g->launch(id, false, pos, slot);
     }
     ahead_.reset();
-    const bool go_ahead = more && pos + 2 <= cache_.capacity;
-    if (go_ahead) graph_->launch(0, true, pos + 1, 1 - slot);
-    const int32_t next = graph_->wait(slot);
-    if (go_ahead) ahead_ = Ahead{1 - slot, pos + 1, next};
+    const int64_t after = pos + g->steps();  // where the next replay starts
+    const bool go_ahead = more && after + 1 <= cache_.capacity;
+    DecodeGraph* ga = go_ahead ? pick(after, true) : nullptr;
+    if (go_ahead) ga->launch(0, true, after, 1 - slot);
+    const int32_t last = g->wait(slot);
+    const int32_t next = g->output(slot, 0);
+    if (g->steps() == 2) beyond_ = Beyond{pos + 1, next, last};
+    if (go_ahead) ahead_ = Ahead{1 - slot, after, last, ga};
     moe_trace::replayed_step(graph_dispatches_);
     cache_.length += 1;
     return next;

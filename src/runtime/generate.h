@@ -31,7 +31,9 @@ struct GenerateResult {
 // Greedy single-token decode steps on one KV cache. When the backend records decode graphs (CUDA) and the model
 // has a device-ids forward, the first step records the step once and every step replays it (no per-op launch
 // cost); otherwise each step is forward + argmax. Both give the same ids. MOECEL_CUDA_GRAPH=0 in the
-// environment turns graphs off, =1 on. The stepper must not outlive `cache` or the model.
+// environment turns graphs off, =1 on. A replay may also run two steps, the second fed the first's token on the
+// device (one replay boundary per two tokens; MOECEL_CUDA_GRAPH_STEPS=1 or 2). The stepper must not outlive `cache`
+// or the model.
 class GreedyStepper {
  public:
   GreedyStepper(Model& model, KvCache& cache);
@@ -40,28 +42,42 @@ class GreedyStepper {
   GreedyStepper& operator=(const GreedyStepper&) = delete;
 
   // Runs `id` at position cache.length, appends it to the cache and returns the argmax of the next token. With a
-  // decode graph, unless `more` is false (the caller needs no token after this one), the step after it is enqueued
+  // decode graph, unless `more` is false (the caller needs no token after this one), the replay after it is enqueued
   // before the wait, fed the returned token on the device: the host's turnaround (reading the token, launching the
-  // next step) then overlaps the device's work. The next call takes that step when it passes the returned token; a
-  // step nobody takes is discarded (the cache row it wrote is rewritten before any step reads it).
+  // next replay) then overlaps the device's work. The next call takes that replay (or a step a two-step replay ran
+  // beyond this one) when it passes the token it was fed; work nobody takes is discarded (the cache rows it wrote are
+  // rewritten before any step reads them).
   int32_t step(int32_t id, bool more = true);
-  bool uses_graph() const { return graph_ != nullptr; }
+  bool uses_graph() const { return graphs_[0] != nullptr; }
+  bool uses_two_step_graph() const { return graphs_[1] != nullptr; }
 
  private:
+  // Records the graph of `steps` decode steps (1 or 2) at the current position; false if the backend has none.
+  bool record(int steps);
+  // The graph a replay starting at `pos` takes: two steps where allowed, they fit the cache and more are wanted.
+  DecodeGraph* pick(int64_t pos, bool more);
+
   Model& model_;
   KvCache& cache_;
   bool want_graph_;
-  // The graph's input token and, written by its argmax, its output: one (1,) I32 on the backend, so a chained step
-  // needs no copy between replays.
+  int max_steps_;  // decode steps per replay at most (MOECEL_CUDA_GRAPH_STEPS)
+  // The graphs' input token and, written by each step's argmax, its output: one (1,) I32 on the backend, so a
+  // chained replay or step needs no copy.
   Tensor ids_;
-  std::unique_ptr<DecodeGraph> graph_;
-  moe_trace::Counts graph_dispatches_;  // MoE dispatches recorded in graph_ (one replay = one decode step)
-  struct Ahead {                        // the step enqueued ahead, if any
+  std::unique_ptr<DecodeGraph> graphs_[2];  // one step, two steps
+  moe_trace::Counts graph_dispatches_;      // MoE dispatches of one recorded step (counted once per step taken)
+  struct Ahead {                            // the replay enqueued ahead, if any
     int slot;
     int64_t pos;
     int32_t input;  // the token it was fed on the device
+    DecodeGraph* graph;
   };
   std::optional<Ahead> ahead_;
+  struct Beyond {  // the second step of the last two-step replay waited for, not taken yet
+    int64_t pos;
+    int32_t input, next;
+  };
+  std::optional<Beyond> beyond_;
 };
 
 // Whether decode graphs are on: MOECEL_CUDA_GRAPH ("0" off, "1" on), else the default.

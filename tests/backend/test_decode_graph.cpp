@@ -41,10 +41,16 @@ struct ModelDir {
   }
 };
 
-// Sets MOECEL_CUDA_GRAPH for the lifetime of the object.
+// Sets MOECEL_CUDA_GRAPH (and MOECEL_CUDA_GRAPH_STEPS when given) for the lifetime of the object.
 struct GraphEnv {
-  explicit GraphEnv(const char* v) { setenv("MOECEL_CUDA_GRAPH", v, 1); }
-  ~GraphEnv() { unsetenv("MOECEL_CUDA_GRAPH"); }
+  explicit GraphEnv(const char* v, const char* steps = nullptr) {
+    setenv("MOECEL_CUDA_GRAPH", v, 1);
+    if (steps) setenv("MOECEL_CUDA_GRAPH_STEPS", steps, 1);
+  }
+  ~GraphEnv() {
+    unsetenv("MOECEL_CUDA_GRAPH");
+    unsetenv("MOECEL_CUDA_GRAPH_STEPS");
+  }
 };
 
 std::vector<float> host_floats(Backend& be, const Tensor& t) {
@@ -166,8 +172,8 @@ TEST_P(DecodeGraph4, StepsAheadDiscardedWhenNotTaken) {
   ModelDir dir("ahead", GetParam());
   CudaBackend be;
   auto model = load_model(dir.path.string(), be);
-  auto run = [&](const char* graph) {
-    GraphEnv env(graph);
+  auto run = [&](const char* graph, const char* steps) {
+    GraphEnv env(graph, steps);
     KvCache cache = model->make_cache(64);
     GreedyStepper stepper(*model, cache);
     std::vector<int32_t> out;
@@ -182,11 +188,54 @@ TEST_P(DecodeGraph4, StepsAheadDiscardedWhenNotTaken) {
       }
     }
     EXPECT_EQ(stepper.uses_graph(), graph[0] == '1');
+    EXPECT_EQ(stepper.uses_two_step_graph(), graph[0] == '1' && steps[0] == '2');
     return out;
   };
-  const std::vector<int32_t> off = run("0"), on = run("1");
+  const std::vector<int32_t> off = run("0", "2");
   ASSERT_EQ(off.size(), 40u);
-  EXPECT_EQ(on, off);
+  EXPECT_EQ(run("1", "1"), off) << "one step per replay";
+  EXPECT_EQ(run("1", "2"), off) << "two steps per replay";
+}
+
+// Replays of two steps up to a full cache (odd and even room left, every step's token taken or the last one not
+// wanted) give the ids of steps without a graph, and the MoE trace counts one decode step per token taken.
+TEST_P(DecodeGraph4, TwoStepReplaysUpToAFullCache) {
+  ModelDir dir("two", GetParam());
+  CudaBackend be;
+  auto model = load_model(dir.path.string(), be);
+  for (int64_t capacity : {int64_t(21), int64_t(22)}) {
+    auto run = [&](const char* graph, const char* steps, int64_t start) {
+      GraphEnv env(graph, steps);
+      KvCache cache = model->make_cache(capacity);
+      cache.length = start;  // rows below it are never read by these ids: any start is a valid context
+      GreedyStepper stepper(*model, cache);
+      std::vector<int32_t> out;
+      int32_t id = 77;
+      while (cache.length < capacity) {
+        const bool more = cache.length + 1 < capacity;
+        id = stepper.step(id, more);
+        out.push_back(id);
+      }
+      EXPECT_EQ(stepper.uses_two_step_graph(), graph[0] == '1' && steps[0] == '2');
+      return out;
+    };
+    for (int64_t start : {int64_t(0), int64_t(1)}) {
+      const std::string what = "capacity " + std::to_string(capacity) + " start " + std::to_string(start);
+      const std::vector<int32_t> off = run("0", "2", start);
+      ASSERT_EQ(int64_t(off.size()), capacity - start) << what;
+      EXPECT_EQ(run("1", "2", start), off) << what;
+    }
+  }
+  // One decode step counted per token taken, whatever the replays ran.
+  GraphEnv env("1", "2");
+  const moe_trace::Counts before = moe_trace::totals();
+  KvCache cache = model->make_cache(30);
+  GreedyStepper stepper(*model, cache);
+  int32_t id = 5;
+  for (int s = 0; s < 9; ++s) id = stepper.step(id);
+  const moe_trace::Counts after = moe_trace::totals();
+  EXPECT_EQ(after.decode_steps - before.decode_steps, 9);
+  EXPECT_EQ(after.fused + after.gather - before.fused - before.gather, 9 * 3) << "3 MoE layers";
 }
 
 INSTANTIATE_TEST_SUITE_P(Bits, DecodeGraph4, ::testing::Values(4, 8, 0),

@@ -41,14 +41,16 @@ namespace {
 // One instantiated decode step. The blocks recorded ops wrote stay reserved (`blocks`), and so do ids / next.
 class CudaDecodeGraph final : public DecodeGraph {
  public:
+  // steps: the advancing argmaxes recorded (0: none; the graph then writes `next` only).
   CudaDecodeGraph(CudaBackend::Impl* impl, cudaGraphExec_t exec, std::vector<std::shared_ptr<void>> blocks, Tensor ids,
-                  Tensor next, bool advances)
+                  Tensor next, int steps)
       : impl_(impl),
         exec_(exec),
         blocks_(std::move(blocks)),
         ids_(std::move(ids)),
         next_(std::move(next)),
-        advances_(advances) {
+        advances_(steps > 0),
+        steps_(std::max(steps, 1)) {
     for (cudaEvent_t& e : done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   ~CudaDecodeGraph() override {
@@ -72,7 +74,7 @@ class CudaDecodeGraph final : public DecodeGraph {
     if (pos != impl_->step_pos_next) {
       CUDA_CHECK(cudaMemcpyAsync(impl_->step_pos_dev, &io.pos, sizeof(int64_t), cudaMemcpyHostToDevice, s));
     }
-    impl_->step_pos_next = advances_ ? pos + 1 : pos;
+    impl_->step_pos_next = advances_ ? pos + steps_ : pos;
     if (!chain) {
       CUDA_CHECK(cudaMemcpyAsync(ids_.data, &io.id, sizeof(int32_t), cudaMemcpyHostToDevice, s));
     } else if (ids_.data != next_.data) {
@@ -87,10 +89,17 @@ class CudaDecodeGraph final : public DecodeGraph {
     MOECEL_CHECK(slot == 0 || slot == 1, "decode graph: bad slot {}", slot);
     CUDA_CHECK(cudaEventSynchronize(done_[slot]));
     impl_->check_flag();  // bad input flagged by the kernels so far
+    return output(slot, steps_ - 1);
+  }
+
+  int steps() const override { return steps_; }
+
+  int32_t output(int slot, int i) override {
+    MOECEL_CHECK((slot == 0 || slot == 1) && i >= 0 && i < steps_, "decode graph: bad slot {} or step {}", slot, i);
     const StepIo& io = impl_->io_host[slot];
-    // An advancing graph's argmax wrote the id to the host word of its position's parity (two steps in flight have
-    // different parities).
-    return advances_ ? __atomic_load_n(&impl_->next_host[io.pos & 1], __ATOMIC_ACQUIRE) : io.next;
+    // An advancing graph's argmaxes wrote their ids to the host words of their positions mod cuda::kNextWords (two
+    // replays of up to two steps in flight cover four consecutive positions).
+    return advances_ ? __atomic_load_n(&impl_->next_host[(io.pos + i) % cuda::kNextWords], __ATOMIC_ACQUIRE) : io.next;
   }
 
  private:
@@ -99,7 +108,8 @@ class CudaDecodeGraph final : public DecodeGraph {
   std::vector<std::shared_ptr<void>> blocks_;
   Tensor ids_, next_;
   cudaEvent_t done_[2] = {};
-  bool advances_;  // a replay leaves step_pos_dev one past its position
+  bool advances_;  // a replay leaves step_pos_dev steps_ past its position
+  int steps_;
 };
 
 cuda::GluAct glu_act(Activation act) {
@@ -134,8 +144,9 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->ctx.error_flag), impl_->flag_host, 0));
   CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->io_host), 2 * sizeof(StepIo), cudaHostAllocDefault));
   impl_->io_host[0] = impl_->io_host[1] = StepIo{};
-  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->next_host), 2 * sizeof(int32_t), cudaHostAllocMapped));
-  impl_->next_host[0] = impl_->next_host[1] = 0;
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->next_host), cuda::kNextWords * sizeof(int32_t),
+                           cudaHostAllocMapped));
+  std::fill_n(impl_->next_host, cuda::kNextWords, 0);
   CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->next_mapped), impl_->next_host, 0));
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl_->step_pos_dev), sizeof(int64_t)));
   CUDA_CHECK(cudaMemset(impl_->step_pos_dev, 0, sizeof(int64_t)));
@@ -187,7 +198,7 @@ std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const std::function<voi
   // Relaxed: the caching allocator may cudaMalloc a new block while the stream is recorded.
   CUDA_CHECK(cudaStreamBeginCapture(im.ctx.stream, cudaStreamCaptureModeRelaxed));
   im.capturing = true;
-  im.graph_advances = false;
+  im.graph_steps = 0;
   im.step_pos_next = -1;  // recording ran nothing, but be safe: the next replay copies the position
   im.ctx.step_pos = im.step_pos_dev;
   cudaGraph_t graph = nullptr;
@@ -211,7 +222,7 @@ std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const std::function<voi
   const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   CUDA_CHECK(err);
-  return std::make_unique<CudaDecodeGraph>(impl_.get(), exec, std::move(blocks), ids, next, im.graph_advances);
+  return std::make_unique<CudaDecodeGraph>(impl_.get(), exec, std::move(blocks), ids, next, im.graph_steps);
 }
 
 CudaBackend::~CudaBackend() = default;

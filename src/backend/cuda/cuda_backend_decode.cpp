@@ -321,11 +321,12 @@ void CudaBackend::argmax_to(const Tensor& logits, Tensor& ids) {
   MOECEL_CHECK(ids.dtype == DType::kI32 && ids.numel() == n, "argmax: ids must be I32 with {} elements, got {} {}", n,
                dtype_name(ids.dtype), shape_str(ids.shape));
   const std::shared_ptr<void> part = impl_->scratch(cuda::argmax_scratch_bytes(n));
-  // Recording a decode step: its first argmax also advances the step position and writes its id to the host, so
+  // Recording decode steps: each step's argmax also advances the step position and writes its id to the host, so
   // that replays need no copies for either (CudaDecodeGraph::launch).
   Impl& im = *impl_;
-  int64_t* advance = im.capturing && !im.graph_advances ? im.step_pos_dev : nullptr;
-  im.graph_advances = im.graph_advances || advance;
+  MOECEL_CHECK(!im.capturing || n == 1, "decode graph: argmax_to of {} rows while recording single-token steps", n);
+  int64_t* advance = im.capturing ? im.step_pos_dev : nullptr;
+  im.graph_steps += advance ? 1 : 0;
   cuda::launch_argmax(im.ctx, logits.ptr<float>(), n, v, ids.ptr<int32_t>(), part.get(), advance, im.next_mapped);
 }
 

@@ -78,11 +78,12 @@ struct CudaBackend::Impl {
   int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)
   unsigned* counter_dev = nullptr;  // ctx.block_counter
   StepIo* io_host = nullptr;        // pinned, one per decode graph slot (DecodeGraph::launch)
-  // Mapped pinned words a decode graph's argmax writes its id to, by the parity of the step position.
+  // Mapped pinned words (cuda::kNextWords) a decode graph's argmax writes its id to, by its step position modulo
+  // their count.
   int32_t* next_host = nullptr;
   int32_t* next_mapped = nullptr;  // their device address
   bool capturing = false;
-  bool graph_advances = false;  // the decode graph being recorded increments step_pos_dev (argmax_to)
+  int graph_steps = 0;  // argmaxes of the decode graph being recorded that increment step_pos_dev (argmax_to)
   // The value step_pos_dev will hold once the work enqueued so far has run (-1: not known).
   int64_t step_pos_next = -1;
   std::vector<std::shared_ptr<void>> captured;  // blocks handed out while recording: reserved for the graph

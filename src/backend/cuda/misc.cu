@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
     block_argmax(v, i, red_v, red_i);
     if (threadIdx.x == 0) out[r] = i < 0 ? 0 : i;
     if (threadIdx.x == 0 && host_out) {
-      host_out[*advance & 1] = i < 0 ? 0 : i;
+      host_out[*advance % kNextWords] = i < 0 ? 0 : i;
       __threadfence_system();
     }
   }
