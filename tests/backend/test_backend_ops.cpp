@@ -200,7 +200,9 @@ TEST_F(CudaOps, TensorCoreDecodeKernels) {
     Tensor y = be.alloc(DType::kF32, {1, 20000});
     be.linear(be.to_device(w), be.to_device(x), y);
     outs[i] = dev_vec<float>(be, y);
-    if (i > 0) EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[i].data(), outs[0].size() * 4)) << stages[i] << " stages";
+    if (i > 0) {
+      EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[i].data(), outs[0].size() * 4)) << stages[i] << " stages";
+    }
   }
 }
 
