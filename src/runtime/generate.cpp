@@ -106,7 +106,6 @@ int32_t GreedyStepper::step(int32_t id, bool more) {
       g = ahead_->graph;
     } else {
       if (ahead_) ahead_->graph->wait(ahead_->slot);  // not the replay wanted (another token or position): discarded
-      ahead_.reset();
       g = pick(pos, more);
       g->launch(id, false, pos, slot);
     }
