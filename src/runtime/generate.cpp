@@ -76,8 +76,8 @@ bool GreedyStepper::record(int steps) {
 }
 
 DecodeGraph* GreedyStepper::pick(int64_t pos, bool more) {
-  // Recording needs the cache to hold both steps at its current length (the ops validate their positions).
-  const bool two = max_steps_ == 2 && more && pos + 2 <= cache_.capacity && cache_.length + 2 <= cache_.capacity;
+  // pos >= cache_.length, so the cache also holds both steps from its current length, where recording validates.
+  const bool two = max_steps_ == 2 && more && pos + 2 <= cache_.capacity;
   if (two && !graphs_[1]) record(2);
   return two && graphs_[1] ? graphs_[1].get() : graphs_[0].get();
 }

@@ -38,7 +38,8 @@ int cuda_device_count(std::string* why) {
 
 namespace {
 
-// One instantiated decode step. The blocks recorded ops wrote stay reserved (`blocks`), and so do ids / next.
+// Instantiated decode steps (one or more per replay). The blocks recorded ops wrote stay reserved (`blocks`), and so
+// do ids / next.
 class CudaDecodeGraph final : public DecodeGraph {
  public:
   // steps: the advancing argmaxes recorded (0: none; the graph then writes `next` only).
