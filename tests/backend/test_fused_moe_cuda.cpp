@@ -89,7 +89,8 @@ TEST_P(FusedMoeCuda, MatchesReferenceGatherAndIsDeterministic) {
   // Without the rotated group loads (tile_groups_mma): kernel B's sums are the same, kernel A's warps add other groups.
   const std::vector<float> tc0 = run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2 MOECEL_CUDA_FUSED_ROTATE=0");
   EXPECT_LE(test::normalized_rms(tc0, ref), 5e-4);
-  EXPECT_LE(test::normalized_rms(tc0, tc), 1e-6) << "rotated and plain group loads differ beyond f32 rounding";
+  // (4-bit codes enter the MMAs as 128 + q, so a group's f32 sums round ~16x coarser than centered codes' would.)
+  EXPECT_LE(test::normalized_rms(tc0, tc), 1e-5) << "rotated and plain group loads differ beyond f32 rounding";
   // Kernel A without its L2 requests of kernel B's rows: the same sums.
   EXPECT_EQ(tc, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2 MOECEL_CUDA_FUSED_L2_DOWN=0")) << "no L2 requests";
   // Kernels A and B on CUDA cores, in every launch width and variant, are the gather path bit for bit.

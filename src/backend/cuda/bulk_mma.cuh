@@ -56,7 +56,7 @@ constexpr int kRot = (GS * BITS / 8 < 128 && GS / 32 * BITS / 4 <= 2) ? 2 : 1;
 template <int BITS>
 __device__ __forceinline__ void fold_sb(float s0, float b0, float s1, float b1, float xs, const float (&d)[4],
                                         float (&acc)[2]) {
-  constexpr float kZero = float(1 << (BITS - 1));  // the code center q4_pair / q8_pair subtract
+  constexpr float kZero = -kFoldZero<BITS>;
   const float z0 = fmaf(kZero, s0, b0), z1 = fmaf(kZero, s1, b1);
   acc[0] = fmaf(s0, d[0] + d[1], fmaf(z0, xs, acc[0]));
   acc[1] = fmaf(s1, d[2] + d[3], fmaf(z1, xs, acc[1]));

@@ -226,6 +226,11 @@ __device__ __forceinline__ float packed_at(const uint32_t (&raw)[N], int i) {
   }
 }
 
+// What the codes block_frags unpacks stand for, less the code: 4-bit codes come as 128 + q, 8-bit ones as q - 128.
+// A group's sum is then s * sum(code x) + (b - kFoldZero s) * sum(x).
+template <int BITS>
+constexpr float kFoldZero = BITS == 4 ? 128.0f : -128.0f;
+
 // The A fragments of 32-value block p of a lane's words of rows gid (w0) and gid + 8 (w1), for its two k16 steps
 // (the fragment order in the file comment).
 template <int BITS, int N>
@@ -234,10 +239,10 @@ __device__ __forceinline__ void block_frags(const uint32_t (&w0)[N], const uint3
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) {
     if constexpr (BITS == 4) {
-      a[ks][0] = q4_pair(w0[p], 2 * ks);
-      a[ks][1] = q4_pair(w1[p], 2 * ks);
-      a[ks][2] = q4_pair(w0[p], 2 * ks + 1);
-      a[ks][3] = q4_pair(w1[p], 2 * ks + 1);
+      a[ks][0] = q4_raw_pair(w0[p], 2 * ks);
+      a[ks][1] = q4_raw_pair(w1[p], 2 * ks);
+      a[ks][2] = q4_raw_pair(w0[p], 2 * ks + 1);
+      a[ks][3] = q4_raw_pair(w1[p], 2 * ks + 1);
     } else {
       a[ks][0] = q8_pair(w0[2 * p], w0[2 * p + 1], 2 * ks);
       a[ks][1] = q8_pair(w1[2 * p], w1[2 * p + 1], 2 * ks);
@@ -255,7 +260,7 @@ __device__ __forceinline__ void mma_compute(const unsigned char* stage, int slic
                                             const unsigned char* planes, int64_t plane_bytes, const float* xsum,
                                             int lane, float& row0, float& row1) {
   using L = MmaStage<BITS, GS, ST>;
-  constexpr float kZero = float(1 << (BITS - 1));  // the code center q4_pair / q8_pair subtract
+  constexpr float kZero = -kFoldZero<BITS>;
   const int n = lane >> 2, t = lane & 3, gid = lane >> 2;
   const int g0 = slice * L::kGroups, ng = int(min(int64_t(L::kGroups), groups - g0));
   const unsigned char* bp = planes + (n < 3 ? n : 0) * plane_bytes + t * 16;
