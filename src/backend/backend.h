@@ -172,6 +172,15 @@ class Backend {
     const std::vector<int32_t> v = argmax(logits);
     from_host(v.data(), ids);
   }
+  // A greedy step's tail: rms_norm_linears(x, norm_weight, eps, {&w}, {&logits}, nullptr), then argmax_to(logits,
+  // ids). x (1, d), logits (1, w.out), ids (1,) I32.
+  virtual void rms_norm_linear_argmax(const Tensor& x, const Tensor& norm_weight, float eps, const LinearWeight& w,
+                                      Tensor& logits, Tensor& ids) {
+    const LinearWeight* ws[] = {&w};
+    Tensor* ys[] = {&logits};
+    rms_norm_linears(x, norm_weight, eps, ws, ys, nullptr);
+    argmax_to(logits, ids);
+  }
   // Bytes free on this backend's device for weights; UINT64_MAX when the backend uses host memory (load_model
   // checks that separately).
   virtual uint64_t device_free_bytes() const { return UINT64_MAX; }

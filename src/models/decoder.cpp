@@ -245,8 +245,28 @@ Tensor DecoderModel::forward(std::span<const int32_t> ids, KvCache& cache, bool 
   return forward_device(tok, cache, all_logits);
 }
 
-// Every activation below is fully written by the op that produces it, hence scratch (no memset).
 Tensor DecoderModel::forward_device(const Tensor& tok, KvCache& cache, bool all_logits) {
+  Backend& be = *backend_;
+  const Tensor x = hidden_device(tok, cache);
+  const Tensor last = all_logits ? x : x.slice_rows(x.dim(0) - 1, x.dim(0));
+  // The final norm and the vocabulary projection as one op: a backend may normalize while it stages x (one launch).
+  Tensor logits = be.scratch(DType::kF32, {last.dim(0), dc_.vocab_size});
+  const LinearWeight* heads[] = {&lm_head_};
+  Tensor* outs[] = {&logits};
+  be.rms_norm_linears(last, final_norm_, float(dc_.rms_norm_eps), heads, outs, nullptr);
+  return logits;
+}
+
+void DecoderModel::greedy_step_device(const Tensor& tok, KvCache& cache, Tensor& next) {
+  MOECEL_CHECK(tok.numel() == 1, "a greedy decode step takes one token, got {}", tok.numel());
+  Backend& be = *backend_;
+  const Tensor x = hidden_device(tok, cache);  // (1, hidden_size)
+  Tensor logits = be.scratch(DType::kF32, {1, dc_.vocab_size});
+  be.rms_norm_linear_argmax(x, final_norm_, float(dc_.rms_norm_eps), lm_head_, logits, next);
+}
+
+// Every activation below is fully written by the op that produces it, hence scratch (no memset).
+Tensor DecoderModel::hidden_device(const Tensor& tok, KvCache& cache) {
   Backend& be = *backend_;
   const int64_t n = tok.numel(), h = dc_.hidden_size, pos0 = cache.length;
   const int64_t qw = dc_.n_heads * dc_.head_dim, kw = dc_.n_kv_heads * dc_.head_dim;
@@ -311,14 +331,8 @@ Tensor DecoderModel::forward_device(const Tensor& tok, KvCache& cache, bool all_
     // feed-forward: x += ffn(post_attention_layernorm(x))
     feed_forward_add(be, l, ly.post_norm, eps, x, xn);
   }
-  Tensor last = all_logits ? x : x.slice_rows(n - 1, n);
-  // The final norm and the vocabulary projection as one op: a backend may normalize while it stages x (one launch).
-  Tensor logits = be.scratch(DType::kF32, {last.dim(0), dc_.vocab_size});
-  const LinearWeight* heads[] = {&lm_head_};
-  Tensor* outs[] = {&logits};
-  be.rms_norm_linears(last, final_norm_, eps, heads, outs, nullptr);
   cache.length = pos0 + n;
-  return logits;
+  return x;
 }
 
 size_t DecoderModel::attention_bytes(const Layer& ly) const {

@@ -138,6 +138,7 @@ class DecoderModel : public Model {
   Tensor forward(std::span<const int32_t> ids, KvCache& cache, bool all_logits) override;
   bool has_device_forward() const override { return true; }
   Tensor forward_device(const Tensor& ids, KvCache& cache, bool all_logits) override;
+  void greedy_step_device(const Tensor& ids, KvCache& cache, Tensor& next) override;
 
  protected:
   DecoderModel(Backend& backend, const DecoderConfig& dc) : Model(backend), dc_(dc) {}
@@ -170,6 +171,9 @@ class DecoderModel : public Model {
     int window = 0;
   };
   size_t attention_bytes(const Layer& ly) const;
+  // The layers of forward_device: the residual stream (n_tokens, hidden_size) after the last layer, the cache
+  // advanced by the ids.
+  Tensor hidden_device(const Tensor& ids, KvCache& cache);
 
   LinearWeight embed_, lm_head_;
   Tensor final_norm_;

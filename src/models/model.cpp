@@ -25,4 +25,8 @@ Tensor Model::forward_device(const Tensor&, KvCache&, bool) {
   fail("model type '{}' has no device-ids forward (decode graphs)", info_.model_type);
 }
 
+void Model::greedy_step_device(const Tensor& ids, KvCache& cache, Tensor& next) {
+  backend_->argmax_to(forward_device(ids, cache, false), next);
+}
+
 }  // namespace moecel

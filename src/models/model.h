@@ -47,6 +47,9 @@ class Model {
   // the host, so a backend can record it as a decode graph. Models without it say false (plain forward only).
   virtual bool has_device_forward() const { return false; }
   virtual Tensor forward_device(const Tensor& ids, KvCache& cache, bool all_logits);
+  // A greedy decode step on the device: forward_device of one token, then its argmax written to next ((1,) I32).
+  // A model may hand the backend its vocabulary projection and the argmax as one op.
+  virtual void greedy_step_device(const Tensor& ids, KvCache& cache, Tensor& next);
 
  protected:
   explicit Model(Backend& backend) : backend_(&backend) {}

@@ -61,10 +61,7 @@ bool GreedyStepper::record(int steps) {
   if (steps == 1) recording.emplace();
   std::unique_ptr<DecodeGraph> g = be.capture_decode(
       [&] {
-        for (int s = 0; s < steps; ++s) {
-          Tensor logits = model_.forward_device(ids_, cache_, false);  // (1, vocab_size)
-          be.argmax_to(logits, ids_);
-        }
+        for (int s = 0; s < steps; ++s) model_.greedy_step_device(ids_, cache_, ids_);
       },
       ids_, ids_);
   cache_.length = len;  // recording ran nothing

@@ -189,6 +189,94 @@ TEST_F(CudaOps, RmsNormLinearStreamKernelMatchesTheBulkKernel) {
   }
 }
 
+// A greedy step's tail in one launch (rms_norm_linear_argmax: the streaming kernel's last block finds the id) against
+// rms_norm_linears then argmax_to: the same logits bit for bit and the same id, also where the maximum is tied
+// (copies of the best row before and after it: the lowest index wins). With argmax_kernel skipped the id is still
+// written (proof that the tail found it); shapes the streaming kernel declines take the two ops.
+TEST_F(CudaOps, RmsNormLinearArgmaxMatchesTheTwoOps) {
+  struct Case {
+    int bits, group_size;
+    DType scale_type;
+    int64_t out, in;
+    bool tail;  // the streaming kernel takes it
+  };
+  const std::vector<Case> cases = {
+      {4, 64, DType::kF16, 16392, 256, true},   // CUDA-core walk, a last tile of 8 rows
+      {8, 32, DType::kBF16, 20000, 512, true},  // 8-bit, tensor cores
+      {4, 64, DType::kF16, 16384, 2048, true},  // OLMoE's lm_head shape class
+      {4, 64, DType::kBF16, 300, 128, false},   // too few rows to stream
+  };
+  // Copies row `from` of a quantized weight over row `to` (codes, scales and biases).
+  auto copy_row = [](LinearWeight& w, int64_t from, int64_t to) {
+    for (Tensor* t : {&w.weight, &w.scales, &w.biases}) {
+      const size_t row = t->nbytes() / size_t(w.out);
+      auto* base = static_cast<unsigned char*>(t->data);
+      std::memcpy(base + size_t(to) * row, base + size_t(from) * row, row);
+    }
+  };
+  struct Out {
+    std::vector<float> logits;
+    int32_t id;
+  };
+  auto run = [&](bool fused, const char* env, const char* stream_mma, const Case& c, const LinearWeight& hw,
+                 const Tensor& norm, const Tensor& x) {
+    if (env) setenv("MOECEL_CUDA_SKIP", env, 1);
+    setenv("MOECEL_CUDA_GEMV_STREAM_MMA", stream_mma, 1);
+    CudaBackend be;
+    unsetenv("MOECEL_CUDA_SKIP");
+    unsetenv("MOECEL_CUDA_GEMV_STREAM_MMA");
+    const LinearWeight dw = be.to_device(hw);
+    const Tensor dnorm = be.to_device(norm), dx = be.to_device(x);
+    Tensor y = be.alloc(DType::kF32, {1, c.out}), ids = be.alloc(DType::kI32, {1});
+    const int32_t none = -1;
+    be.from_host(&none, ids);
+    if (fused) {
+      be.rms_norm_linear_argmax(dx, dnorm, 1e-5f, dw, y, ids);
+    } else {
+      Tensor* ys[] = {&y};
+      const LinearWeight* ws[] = {&dw};
+      be.rms_norm_linears(dx, dnorm, 1e-5f, ws, ys, nullptr);
+      be.argmax_to(y, ids);
+    }
+    return Out{dev_vec<float>(be, y), dev_vec<int32_t>(be, ids)[0]};
+  };
+  Rng rng(113);
+  for (const Case& c : cases) {
+    LinearWeight hw = make_quant(0, c.out, c.in, c.bits, c.group_size, c.scale_type, rng);
+    const Tensor norm = host_random(DType::kBF16, {c.in}, rng, 0.5f, 1.5f);
+    const Tensor x = host_random(DType::kF32, {1, c.in}, rng, -3.0f, 3.0f);
+    const std::string what =
+        "bits " + std::to_string(c.bits) + " out " + std::to_string(c.out) + " in " + std::to_string(c.in);
+    int64_t low = -1;  // the first copy of the best row, once tied
+    for (int tie = 0; tie < 2; ++tie) {
+      for (const char* stream_mma : {"0", "1"}) {
+        const std::string how = what + (tie ? ", tied" : "") + ", stream mma " + stream_mma;
+        const Out two = run(false, nullptr, stream_mma, c, hw, norm, x);
+        ASSERT_EQ(two.logits.size(), size_t(c.out)) << how;
+        const int32_t want = int32_t(std::max_element(two.logits.begin(), two.logits.end()) - two.logits.begin());
+        if (tie) {
+          EXPECT_EQ(want, low) << how << ": the copies' logits are not the best row's";
+        }
+        EXPECT_EQ(two.id, want) << how;
+        const Out one = run(true, nullptr, stream_mma, c, hw, norm, x);
+        EXPECT_EQ(one.logits, two.logits) << how;
+        EXPECT_EQ(one.id, want) << how;
+        const Out skipped = run(true, "argmax_kernel", stream_mma, c, hw, norm, x);
+        EXPECT_EQ(skipped.id, c.tail ? want : -1) << how << ": argmax_kernel skipped";
+      }
+      if (tie == 0) {  // the best row copied to rows before and after it (rows of the same tile and of others)
+        const Out two = run(false, nullptr, "1", c, hw, norm, x);
+        const int64_t best = std::max_element(two.logits.begin(), two.logits.end()) - two.logits.begin();
+        low = best >= 37 ? best - 37 : best / 2;
+        const int64_t high = std::min<int64_t>(c.out - 1, best + 5);
+        if (low != best) copy_row(hw, best, low);
+        if (high != best) copy_row(hw, best, high);
+        ASSERT_LT(low, best) << what << ": no earlier row to tie with";
+      }
+    }
+  }
+}
+
 // The gather products of a decode step through the bulk-copy kernel (MOECEL_CUDA_GEMV_BULK_GATHER = 2 or 4) and
 // through the register-prefetch kernel (0): bit for bit the same, within the CPU's rounding, and a bad expert index
 // still gives NaN rows.

@@ -79,6 +79,8 @@ class CudaBackend final : public Backend {
                                    bool renormalize, Tensor& xn, Tensor& logits, Tensor& indices,
                                    Tensor& weights) override;
   void argmax_to(const Tensor& logits, Tensor& ids) override;
+  void rms_norm_linear_argmax(const Tensor& x, const Tensor& norm_weight, float eps, const LinearWeight& w,
+                              Tensor& logits, Tensor& ids) override;
   // cudaMemGetInfo's free bytes of this backend's device.
   uint64_t device_free_bytes() const override;
   // Waits for the stream, then throws if a kernel flagged bad input (token id / expert index out of range).

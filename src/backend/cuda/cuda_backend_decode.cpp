@@ -330,6 +330,43 @@ void CudaBackend::argmax_to(const Tensor& logits, Tensor& ids) {
   cuda::launch_argmax(im.ctx, logits.ptr<float>(), n, v, ids.ptr<int32_t>(), part.get(), advance, im.next_mapped);
 }
 
+// The streaming vocabulary projection with the argmax in its last block (Impl::argmax_tail): one launch per greedy step
+// fewer. The logits are rms_norm_linears' bit for bit; where the streaming kernel does not apply, the two ops.
+void CudaBackend::rms_norm_linear_argmax(const Tensor& x, const Tensor& norm_weight, float eps, const LinearWeight& w,
+                                         Tensor& logits, Tensor& ids) {
+  const LinearWeight* ws[] = {&w};
+  const int64_t d = norm_weight.numel();
+  Impl& im = *impl_;
+  if (!im.argmax_tail || !(im.fusions & 1) || d == 0 || x.numel() != d || !fusable(ws, d)) {
+    return Backend::rms_norm_linear_argmax(x, norm_weight, eps, w, logits, ids);
+  }
+  check_f32(x, "rms_norm_linear_argmax input");
+  check_dev(ids, "argmax ids");
+  MOECEL_CHECK(ids.dtype == DType::kI32 && ids.numel() == 1, "argmax: ids must be I32 with 1 element, got {} {}",
+               dtype_name(ids.dtype), shape_str(ids.shape));
+  cuda::WeightView view;
+  float* out = nullptr;
+  Tensor* ys[] = {&logits};
+  linear_views(ws, ys, 1, x, &view, &out);
+  cuda::GemvFusion f = norm_fusion(norm_weight, eps, d);
+  constexpr int kParts = 4096;  // at least the streaming kernel's resident blocks
+  const std::shared_ptr<void> part = im.scratch(size_t(kParts) * (sizeof(float) + sizeof(int)));
+  // As argmax_to: while recording, the step position advances and the id goes to the host words.
+  int64_t* advance = im.capturing ? im.step_pos_dev : nullptr;
+  cuda::ArgmaxTail tail;
+  tail.out = ids.ptr<int32_t>();
+  tail.part_v = static_cast<float*>(part.get());
+  tail.part_i = reinterpret_cast<int*>(tail.part_v + kParts);
+  tail.max_parts = kParts;
+  tail.counter = im.ctx.block_counter;
+  tail.advance = advance;
+  tail.host_out = advance ? im.next_mapped : nullptr;
+  if (!cuda::launch_gemv_fused(im.ctx, std::span(&view, 1), std::span(&out, 1), x.ptr<float>(), 1, f, &tail)) {
+    return Backend::rms_norm_linear_argmax(x, norm_weight, eps, w, logits, ids);
+  }
+  im.graph_steps += advance ? 1 : 0;
+}
+
 // ---- ops of the qwen2_moe / qwen3_moe / dots1 blocks (bias_ops.cu, router_grouped.cu) ----
 
 void CudaBackend::add_bias(Tensor& x, const Tensor& bias) {

@@ -59,6 +59,9 @@ struct CudaBackend::Impl {
   int fusions = cuda_host::knob_from_env("MOECEL_CUDA_FUSIONS", 23,
                                          {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
                                           16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31});
+  // A greedy step's argmax in the last block of its vocabulary projection (rms_norm_linear_argmax;
+  // MOECEL_CUDA_ARGMAX_TAIL=0: a launch of its own). The same ids either way.
+  bool argmax_tail = cuda_host::knob_from_env("MOECEL_CUDA_ARGMAX_TAIL", 1, {0, 1}) == 1;
   // The post-attention router's product computed by the o projection's blocks, summed by the top-k launch
   // (CudaBackend::linear_residual_norm_router): one launch fewer per MoE layer. Its logits round differently from
   // rms_norm_router's (the norm's factor applied after the sum), hence a knob of its own.

@@ -94,6 +94,10 @@ struct Ctx {
   unsigned* block_counter = nullptr;
 };
 
+// Decode graphs' mapped host words for the argmax ids: two replays of two steps in flight write four consecutive
+// positions' words (misc.cuh, launch_argmax).
+constexpr int kNextWords = 4;
+
 }  // namespace moecel::cuda
 
 // Every CUDA runtime call is wrapped; launches are followed by CUDA_CHECK_LAUNCH().
@@ -211,6 +215,37 @@ __device__ __forceinline__ void block_argmax(float& v, int& i, float* red_v, int
   __syncthreads();
   v = tv;
   i = ti;
+}
+
+// The argmax of n (value, index) partials other blocks wrote (read through L2), every thread's share in increasing
+// order, then block_argmax: the result in every thread, ties to the lower index.
+__device__ __forceinline__ void block_argmax_partials(const float* part_v, const int* part_i, int n, float* red_v,
+                                                      int* red_i, float& v, int& i) {
+  v = 0.0f;
+  i = -1;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const float pv = __ldcg(part_v + j);
+    const int pi = __ldcg(part_i + j);
+    if (arg_better(pv, pi, v, i)) {
+      v = pv;
+      i = pi;
+    }
+  }
+  block_argmax(v, i, red_v, red_i);
+}
+
+// Thread 0 of the block that found a greedy step's id: *out = id (0 where none was found); with advance, host word
+// *advance % kNextWords also receives it and *advance (the decode graph's step position) moves on.
+__device__ __forceinline__ void publish_argmax(int i, int32_t* out, int64_t* advance, int32_t* host_out) {
+  const int32_t id = i < 0 ? 0 : i;
+  *out = id;
+  if (advance) {
+    if (host_out) {
+      host_out[*advance % kNextWords] = id;
+      __threadfence_system();
+    }
+    *advance += 1;
+  }
 }
 
 __device__ __forceinline__ void raise_device_error(unsigned* flag, unsigned bits) {

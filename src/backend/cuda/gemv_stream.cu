@@ -41,12 +41,36 @@ __device__ __forceinline__ void stream_prologue(const GemvArgs& a, int slots, in
   if (a.f.norm_w) gemv::normalize_staged(a, in, 0, xs, nw);
 }
 
+// The argmax tail (ArgmaxTail): every thread passes the best (value, index) of the outputs it wrote (index -1:
+// none); block b's best goes to the partials, and the last block to take a ticket reduces them all.
+__device__ __forceinline__ void stream_argmax_tail(const ArgmaxTail& t, float v, int i) {
+  __shared__ float red_v[32];
+  __shared__ int red_i[32];
+  __shared__ bool last;
+  block_argmax(v, i, red_v, red_i);
+  if (threadIdx.x == 0) {
+    t.part_v[blockIdx.x] = v;
+    t.part_i[blockIdx.x] = i;
+    __threadfence();
+    last = atomicAdd(t.counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  block_argmax_partials(t.part_v, t.part_i, int(gridDim.x), red_v, red_i, v, i);
+  if (threadIdx.x == 0) {
+    publish_argmax(i, t.out, t.advance, t.host_out);
+    *t.counter = 0u;
+  }
+}
+
 // Grid (resident blocks): block b takes tiles [b * n_tiles / G, (b + 1) * n_tiles / G) of a.w[0] (one part; y[0]).
 // Shared memory: the slots' barriers, `slots` tiles of kRows rows (RowTile layout), x staged. Tile i of the block sits
 // in slot i % slots; thread 0 refills a slot once every warp is done with it. Preconditions (launch_gemv_stream):
 // one part, bulk_rows_ok, in % 32 == 0.
 template <int BITS, typename ST>
-__global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvArgs a, int slots, int64_t n_tiles) {
+__global__ void __launch_bounds__(kThreads, 1)
+    gemv_stream_kernel(GemvArgs a, int slots, int64_t n_tiles, ArgmaxTail tail) {
   extern __shared__ float4 smem4[];
   const WeightView& w = a.w[0];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -69,6 +93,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvArgs a, in
   stage_xsums(xs, n_chunks);
   __syncthreads();
   const int gshift = __ffs(w.group_size / kChunk) - 1;
+  float best_v = 0.0f;  // the argmax tail's: lane 0's rows
+  int best_i = -1;
   for (int64_t t = t0; t < t1; ++t) {
     const int i = int(t - t0), s = i % slots;
     const int64_t r0 = t * kRows;
@@ -86,25 +112,33 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(GemvArgs a, in
     for (int k = 0; k < kRpw; ++k) acc[k] = warp_sum(acc[k]);
     if (lane == 0) {
 #pragma unroll
-      for (int k = 0; k < kRpw; ++k)
-        if (warp * kRpw + k < n_rows) a.y[0][r0 + warp * kRpw + k] = acc[k];
+      for (int k = 0; k < kRpw; ++k) {
+        if (warp * kRpw + k < n_rows) {
+          const int64_t r = r0 + warp * kRpw + k;
+          a.y[0][r] = acc[k];
+          if (arg_better(acc[k], int(r), best_v, best_i)) best_v = acc[k], best_i = int(r);
+        }
+      }
     }
     __syncthreads();  // every warp is done with slot s
     if (threadIdx.x == 0 && t + slots < t1) issue(t + slots, s);
   }
+  if (tail.out) stream_argmax_tail(tail, best_v, best_i);
 }
 
 // One launch of a streaming kernel over as many blocks as are resident at once (at most one per tile).
 template <class Kernel>
-void launch_resident(const Ctx& ctx, Kernel kernel, const GemvArgs& a, size_t smem, int slots, int64_t n_tiles) {
+void launch_resident(const Ctx& ctx, Kernel kernel, const GemvArgs& a, size_t smem, int slots, int64_t n_tiles,
+                     const ArgmaxTail& tail) {
   const int64_t resident = int64_t(resident_per_sm(kernel, kThreads, smem)) * std::max(ctx.sm_count, 1);
   const dim3 grid{unsigned(std::min(n_tiles, std::max<int64_t>(1, resident)))};
-  launch_k(ctx, kernel, grid, kThreads, smem, a, slots, n_tiles);
+  CUDA_REQUIRE(!tail.out || int64_t(grid.x) <= tail.max_parts, "gemv: more blocks than argmax partials");
+  launch_k(ctx, kernel, grid, kThreads, smem, a, slots, n_tiles, tail);
 }
 
 template <int BITS>
-void launch_bits(const Ctx& ctx, const GemvArgs& a, size_t smem, int slots, int64_t n_tiles) {
-  auto go = [&](auto kernel) { launch_resident(ctx, kernel, a, smem, slots, n_tiles); };
+void launch_bits(const Ctx& ctx, const GemvArgs& a, size_t smem, int slots, int64_t n_tiles, const ArgmaxTail& tail) {
+  auto go = [&](auto kernel) { launch_resident(ctx, kernel, a, smem, slots, n_tiles, tail); };
   switch (a.w[0].stype) {
     case FloatType::kF32: go(gemv_stream_kernel<BITS, float>); break;
     case FloatType::kF16: go(gemv_stream_kernel<BITS, __half>); break;
@@ -119,7 +153,8 @@ void launch_bits(const Ctx& ctx, const GemvArgs& a, size_t smem, int slots, int6
 // to f32 rounding, not bit for bit. Preconditions (launch_gemv_stream): out % kRows == 0, groups % (4 * kRot) == 0.
 constexpr int kQuarters = kWarps / 2;
 template <int BITS, int GS, typename ST>
-__global__ void __launch_bounds__(kThreads, 1) gemv_stream_mma_kernel(GemvArgs a, int slots, int64_t n_tiles) {
+__global__ void __launch_bounds__(kThreads, 1)
+    gemv_stream_mma_kernel(GemvArgs a, int slots, int64_t n_tiles, ArgmaxTail tail) {
   extern __shared__ float4 smem4[];
   constexpr int kHalf = kMmaTileRows, R = bulk::kRot<BITS, GS>;
   const WeightView& w = a.w[0];
@@ -147,6 +182,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_mma_kernel(GemvArgs a
   __syncthreads();
   const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * 16;
   const int h = warp & 1, per = int(groups) / kQuarters, g0 = (warp >> 1) * per;
+  float best_v = 0.0f;  // the argmax tail's: row threadIdx.x of every tile
+  int best_i = -1;
   for (int64_t tile = t0; tile < t1; ++tile) {
     const int i = int(tile - t0), s = i % slots;
     mbar_wait(bar + s, unsigned(i / slots) & 1u);
@@ -167,13 +204,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_mma_kernel(GemvArgs a
       float y = pb[rh * kHalf + rr];
       for (int q = 1; q < kQuarters; ++q) y += pb[(2 * q + rh) * kHalf + rr];
       a.y[0][tile * kRows + r] = y;
+      if (arg_better(y, int(tile * kRows + r), best_v, best_i)) best_v = y, best_i = int(tile * kRows + r);
     }
   }
+  if (tail.out) stream_argmax_tail(tail, best_v, best_i);
 }
 
 template <int BITS, int GS>
-void launch_mma_gs(const Ctx& ctx, const GemvArgs& a, size_t smem, int slots, int64_t n_tiles) {
-  auto go = [&](auto kernel) { launch_resident(ctx, kernel, a, smem, slots, n_tiles); };
+void launch_mma_gs(const Ctx& ctx, const GemvArgs& a, size_t smem, int slots, int64_t n_tiles, const ArgmaxTail& tail) {
+  auto go = [&](auto kernel) { launch_resident(ctx, kernel, a, smem, slots, n_tiles, tail); };
   switch (a.w[0].stype) {
     case FloatType::kF32: go(gemv_stream_mma_kernel<BITS, GS, float>); break;
     case FloatType::kF16: go(gemv_stream_mma_kernel<BITS, GS, __half>); break;
@@ -183,7 +222,7 @@ void launch_mma_gs(const Ctx& ctx, const GemvArgs& a, size_t smem, int slots, in
 
 // The tensor-core walk where its preconditions hold; false otherwise.
 template <int BITS>
-bool launch_mma_bits(const Ctx& ctx, const GemvArgs& a, int slots, int64_t n_tiles) {
+bool launch_mma_bits(const Ctx& ctx, const GemvArgs& a, int slots, int64_t n_tiles, const ArgmaxTail& tail) {
   const WeightView& w = a.w[0];
   const int gs = int(w.group_size);
   if ((gs != 32 && gs != 64 && gs != 128) || w.in % gs != 0 || w.out % kRows != 0) return false;
@@ -197,16 +236,17 @@ bool launch_mma_bits(const Ctx& ctx, const GemvArgs& a, int slots, int64_t n_til
                       size_t((groups + 3) / 4 * 4) * sizeof(float) + 2 * size_t(kWarps) * kMmaTileRows * sizeof(float);
   if (smem > size_t(ctx.max_smem_optin)) return false;
   switch (gs) {
-    case 32: launch_mma_gs<BITS, 32>(ctx, a, smem, slots, n_tiles); break;
-    case 64: launch_mma_gs<BITS, 64>(ctx, a, smem, slots, n_tiles); break;
-    default: launch_mma_gs<BITS, 128>(ctx, a, smem, slots, n_tiles); break;
+    case 32: launch_mma_gs<BITS, 32>(ctx, a, smem, slots, n_tiles, tail); break;
+    case 64: launch_mma_gs<BITS, 64>(ctx, a, smem, slots, n_tiles, tail); break;
+    default: launch_mma_gs<BITS, 128>(ctx, a, smem, slots, n_tiles, tail); break;
   }
   return true;
 }
 
 }  // namespace
 
-bool gemv::launch_gemv_stream(const Ctx& ctx, GemvArgs& a) {
+bool gemv::launch_gemv_stream(const Ctx& ctx, GemvArgs& a, const ArgmaxTail* tail_in) {
+  const ArgmaxTail tail = tail_in ? *tail_in : ArgmaxTail{};
   const WeightView& w = a.w[0];
   const int slots = std::min(ctx.gemv_stream, kMaxSlots);
   if (slots < 2 || a.n_parts != 1 || a.map.indices || a.f.residual || a.f.router.k > 0 || a.f.share.parts ||
@@ -219,11 +259,11 @@ bool gemv::launch_gemv_stream(const Ctx& ctx, GemvArgs& a) {
                       bulk::staged_floats_bytes(w.in);
   if (smem > size_t(ctx.max_smem_optin)) return false;
   const int64_t n_tiles = (w.out + kRows - 1) / kRows;
-  if (ctx.gemv_stream_mma &&
-      (w.bits == 4 ? launch_mma_bits<4>(ctx, a, slots, n_tiles) : launch_mma_bits<8>(ctx, a, slots, n_tiles))) {
+  if (ctx.gemv_stream_mma && (w.bits == 4 ? launch_mma_bits<4>(ctx, a, slots, n_tiles, tail)
+                                          : launch_mma_bits<8>(ctx, a, slots, n_tiles, tail))) {
     return true;
   }
-  w.bits == 4 ? launch_bits<4>(ctx, a, smem, slots, n_tiles) : launch_bits<8>(ctx, a, smem, slots, n_tiles);
+  w.bits == 4 ? launch_bits<4>(ctx, a, smem, slots, n_tiles, tail) : launch_bits<8>(ctx, a, smem, slots, n_tiles, tail);
   return true;
 }
 

@@ -91,23 +91,13 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   if (!last) return;
   __threadfence();
   for (int64_t r = 0; r < gridDim.y; ++r) {
-    float v = 0.0f;
-    int i = -1;
-    if (threadIdx.x < gridDim.x) {
-      v = __ldcg(part_v + r * gridDim.x + threadIdx.x);
-      i = __ldcg(part_i + r * gridDim.x + threadIdx.x);
-    }
-    block_argmax(v, i, red_v, red_i);
-    if (threadIdx.x == 0) out[r] = i < 0 ? 0 : i;
-    if (threadIdx.x == 0 && host_out) {
-      host_out[*advance % kNextWords] = i < 0 ? 0 : i;
-      __threadfence_system();
-    }
+    float v;
+    int i;
+    block_argmax_partials(part_v + r * gridDim.x, part_i + r * gridDim.x, int(gridDim.x), red_v, red_i, v, i);
+    const bool last_row = r + 1 == gridDim.y;  // advance and host_out are given for the last rows only
+    if (threadIdx.x == 0) publish_argmax(i, out + r, last_row ? advance : nullptr, host_out);
   }
-  if (threadIdx.x == 0) {
-    *counter = 0u;
-    if (advance) *advance += 1;
-  }
+  if (threadIdx.x == 0) *counter = 0u;
 }
 
 // Grid-stride copy of n_tokens * width floats of k and v into the caches at row pos0 (or *step_pos).

@@ -30,8 +30,7 @@ size_t argmax_scratch_bytes(int64_t n_rows);
 // advance (optional): a device word the last block increments once the ids are written (a decode graph's step
 // position, so the next step needs no copy of it); with one row, host_out (kNextWords mapped pinned words, optional)
 // also receives the id, in word (*advance % kNextWords) read before the increment (so the host needs no copy back
-// either): two replays of two steps in flight write four consecutive positions' words.
-constexpr int kNextWords = 4;
+// either).
 void launch_argmax(const Ctx& ctx, const float* logits, int64_t n_rows, int64_t vocab, int32_t* out, void* scratch,
                    int64_t* advance = nullptr, int32_t* host_out = nullptr);
 

@@ -333,7 +333,7 @@ bool launch_gather_glu_gemv(const Ctx& ctx, const WeightView& gate, const Weight
 }
 
 bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
-                       int64_t n_tokens, const GemvFusion& f) {
+                       int64_t n_tokens, const GemvFusion& f, const ArgmaxTail* tail) {
   GemvArgs a = parts_args(ctx, ws, ys, x, PairMap{nullptr, 1, true});
   CUDA_REQUIRE(!(f.residual || f.router.k > 0) || ws.size() == 1, "gemv: residual and router need one weight");
   if (n_tokens == 0) return true;
@@ -353,6 +353,11 @@ bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span
                  "its rows (<= 256 experts, group size a multiple of 16)");
   }
   a.f = f;
+  if (tail) {
+    CUDA_REQUIRE(n_tokens == 1 && ws.size() == 1 && tail->out && tail->max_parts > 0,
+                 "gemv: the argmax tail takes one token and one weight");
+    return launch_gemv_stream(ctx, a, tail);
+  }
   if (n_tokens == 1 && (launch_gemv_stream(ctx, a) || launch_gemv_bulk(ctx, a, 1))) return true;
   return launch_gemv_args(ctx, a, n_tokens);
 }

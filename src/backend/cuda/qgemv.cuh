@@ -214,7 +214,7 @@ constexpr int64_t kStreamRows = 16384;
 // can be bulk-copied (a.f: the norm only), when Ctx::gemv_stream is on: on tensor cores where Ctx::gemv_stream_mma is
 // on and the shape allows (f32 rounding of gemv_bulk_kernel's sums), else bit for bit gemv_bulk_kernel's sums.
 // Returns false, launching nothing, otherwise.
-bool launch_gemv_stream(const Ctx& ctx, GemvArgs& a);
+bool launch_gemv_stream(const Ctx& ctx, GemvArgs& a, const ArgmaxTail* tail = nullptr);
 
 // The tensor-core kernel (qgemv_mma.cu) for 4- and 8-bit weights with group size 32, 64 or 128, when x and its
 // working set fit in shared memory. Returns false, launching nothing, otherwise (a.part_end is filled here).

@@ -100,6 +100,20 @@ inline int share_rows(int64_t in) {
 // Qwen3-30B-A3B (128 or 256 blocks x 128 experts) measured slower (384 and 372 vs 405 tok/s).
 constexpr int64_t kMaxShareParts = 8192;
 
+// A greedy step's argmax folded into the streaming kernel of its vocabulary projection (one token; a parameter of
+// those kernels alone, not of GemvArgs, which every matrix-vector launch copies): each block writes
+// the best (value, index) of its rows to the partials, and the block that finishes last reduces them and publishes
+// the id as launch_argmax does (misc.cuh: out, the step position `advance`, the host words).
+struct ArgmaxTail {
+  int32_t* out = nullptr;  // set: the tail runs
+  float* part_v = nullptr;
+  int* part_i = nullptr;
+  int max_parts = 0;  // entries of part_v and part_i: the grid may not be larger
+  unsigned* counter = nullptr;
+  int64_t* advance = nullptr;
+  int32_t* host_out = nullptr;
+};
+
 struct GemvFusion {
   const void* norm_w = nullptr;  // x is rms-normalized with this weight (d,) while staged
   FloatType norm_type = FloatType::kF32;
@@ -136,9 +150,9 @@ void launch_router_reduce_topk(const Ctx& ctx, const RouterReduce& r, int64_t n_
 // ys[i] (n_tokens, out_i) = (fused x) @ ws[i]^T for up to kMaxGemvParts quantized weights sharing in, bits, group
 // size and scale type, in one launch. residual and router need a single weight. Returns false (launching nothing)
 // for more than kGemvMaxTokens tokens, dense weights, or an x too long for shared memory: the caller then runs
-// the ops one by one.
+// the ops one by one. With an argmax tail (one token and one weight): false also where the streaming kernel declines.
 bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span<float* const> ys, const float* x,
-                       int64_t n_tokens, const GemvFusion& f);
+                       int64_t n_tokens, const GemvFusion& f, const ArgmaxTail* tail = nullptr);
 
 // ---- internal: the two kernel families, launched by qmatmul.cu ----
 
