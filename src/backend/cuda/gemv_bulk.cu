@@ -84,6 +84,8 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   // The first a.depth stages' copies go out at once; the rest wait in `pending` until lane 0 of stage s's first warp
   // issues stage s + depth's once its own rows have landed, so the bytes arrive in stage order and the first warps
   // compute while the rest arrive. (Recorded in shared memory: kept in registers, they made the kernel spill.)
+  uint32_t nraw[gemv::kNormRegs];
+  gemv::load_norm_raw(a, in, nraw);  // before the barrier: ahead of thread 0's copies
   if (threadIdx.x < a.stages) mbar_init(bar + threadIdx.x, 1);
   __syncthreads();
   // indices_final: the expert is known before the wait (the indices' writer finished before the previous kernel let
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
     }
   }
   float nw[gemv::kNormRegs];
-  gemv::load_norm(a, in, nw);
+  gemv::convert_norm(a, nraw, nw);
   if (!a.map.indices || early) pdl_enter();
   if (expert < 0) {  // a bad index (early): NaN rows and the error flag, written after the wait
     gemv::pair_expert(a, pt, p, rpw);

@@ -22,19 +22,22 @@ constexpr int kRows = kWarps * kRpw;  // rows per tile
 constexpr int kMaxSlots = 8;          // barriers in the block's first kBarBytes
 static_assert(kMaxSlots * 8 <= int(bulk::kBarBytes), "the slots' barriers fit before the ring");
 
-// A streaming block's start: the slots' barriers, the first slots' copies (issue(tile, slot) by thread 0; weights
-// only, so before the wait), then x staged and, with a norm, normalized (ends with a barrier either way).
+// A streaming block's start: the norm weight's loads, the slots' barriers, the first slots' copies (issue(tile, slot)
+// by thread 0; weights only, so before the wait), then x staged and, with a norm, normalized (ends with a barrier
+// either way).
 template <class Issue>
 __device__ __forceinline__ void stream_prologue(const GemvArgs& a, int slots, int64_t t0, int64_t t1, uint64_t* bar,
                                                 float* xs, Issue issue) {
   const int64_t in = a.w[0].in;
+  uint32_t nraw[gemv::kNormRegs];
+  gemv::load_norm_raw(a, in, nraw);  // before the barrier: ahead of thread 0's copies
   if (threadIdx.x < slots) mbar_init(bar + threadIdx.x, 1);
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int s = 0; s < slots && t0 + s < t1; ++s) issue(t0 + s, s);
   }
   float nw[gemv::kNormRegs];
-  gemv::load_norm(a, in, nw);
+  gemv::convert_norm(a, nraw, nw);
   pdl_enter();
   stage_chunks(a.x, in, xs);
   __syncthreads();

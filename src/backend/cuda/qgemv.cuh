@@ -78,6 +78,32 @@ __device__ __forceinline__ void load_norm(const GemvArgs& a, int64_t in, float (
   }
 }
 
+// load_norm in two steps: the loads (raw words: f32 bits, or f16 / bf16 bits in the low half) issued before a
+// block's weight copies, which would otherwise queue ahead of them (~3.5 us before the first layer's q/k/v could
+// normalize, where no kernel before it hides the wait), and their conversion once the copies are issued.
+__device__ __forceinline__ void load_norm_raw(const GemvArgs& a, int64_t in, uint32_t (&raw)[kNormRegs]) {
+#pragma unroll
+  for (int j = 0; j < kNormRegs; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kThreads;
+    raw[j] = 0u;
+    if (a.f.norm_w && i < in) {
+      raw[j] = a.f.norm_type == FloatType::kF32 ? static_cast<const uint32_t*>(a.f.norm_w)[i]
+                                                : static_cast<const unsigned short*>(a.f.norm_w)[i];
+    }
+  }
+}
+__device__ __forceinline__ void convert_norm(const GemvArgs& a, const uint32_t (&raw)[kNormRegs],
+                                             float (&nw)[kNormRegs]) {
+#pragma unroll
+  for (int j = 0; j < kNormRegs; ++j) {
+    switch (a.f.norm_type) {
+      case FloatType::kF16: nw[j] = __half2float(__ushort_as_half(static_cast<unsigned short>(raw[j]))); break;
+      case FloatType::kBF16: nw[j] = __uint_as_float(raw[j] << 16); break;  // exactly __bfloat162float
+      default: nw[j] = __uint_as_float(raw[j]); break;
+    }
+  }
+}
+
 // The staged x (padded chunk layout) becomes rms_norm(x) * weight, exactly as rms_norm_kernel computes it (the same
 // thread count and order of the sum of squares); block 0 of each pair also writes it to xn_out. Ends with a barrier.
 __device__ inline void normalize_staged(const GemvArgs& a, int64_t in, int64_t p, float* xs,
