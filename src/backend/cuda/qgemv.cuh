@@ -70,17 +70,10 @@ __device__ __forceinline__ const float* pair_x(const GemvArgs& a, int64_t in, in
 // they are weights, and a loop of dependent global loads after the wait would sit on the step's critical path.
 constexpr int kNormRegs = 8;  // all of a 2048-wide row; wider rows load the rest after the wait
 
-__device__ __forceinline__ void load_norm(const GemvArgs& a, int64_t in, float (&nw)[kNormRegs]) {
-#pragma unroll
-  for (int j = 0; j < kNormRegs; ++j) {
-    const int64_t i = threadIdx.x + int64_t(j) * kThreads;
-    nw[j] = a.f.norm_w && i < in ? load_float(a.f.norm_w, a.f.norm_type, i) : 0.0f;
-  }
-}
-
-// load_norm in two steps: the loads (raw words: f32 bits, or f16 / bf16 bits in the low half) issued before a
-// block's weight copies, which would otherwise queue ahead of them (~3.5 us before the first layer's q/k/v could
-// normalize, where no kernel before it hides the wait), and their conversion once the copies are issued.
+// load_norm_raw and convert_norm are load_norm's two steps: the loads (raw words: f32 bits, or f16 / bf16 bits in the
+// low half) issued before a block's weight copies, which would otherwise queue ahead of them (~3.5 us before the first
+// layer's q/k/v could normalize, where no kernel before it hides the wait), and their conversion once the copies are
+// issued.
 __device__ __forceinline__ void load_norm_raw(const GemvArgs& a, int64_t in, uint32_t (&raw)[kNormRegs]) {
 #pragma unroll
   for (int j = 0; j < kNormRegs; ++j) {
@@ -102,6 +95,11 @@ __device__ __forceinline__ void convert_norm(const GemvArgs& a, const uint32_t (
       default: nw[j] = __uint_as_float(raw[j]); break;
     }
   }
+}
+__device__ __forceinline__ void load_norm(const GemvArgs& a, int64_t in, float (&nw)[kNormRegs]) {
+  uint32_t raw[kNormRegs];
+  load_norm_raw(a, in, raw);
+  convert_norm(a, raw, nw);
 }
 
 // The staged x (padded chunk layout) becomes rms_norm(x) * weight, exactly as rms_norm_kernel computes it (the same

@@ -101,7 +101,7 @@ inline int share_rows(int64_t in) {
 constexpr int64_t kMaxShareParts = 8192;
 
 // A greedy step's argmax folded into the streaming kernel of its vocabulary projection (one token; a parameter of
-// those kernels alone, not of GemvArgs, which every matrix-vector launch copies): each block writes
+// those kernels alone: inside GemvFusion it measured 0.7% slower on the gather path): each block writes
 // the best (value, index) of its rows to the partials, and the block that finishes last reduces them and publishes
 // the id as launch_argmax does (misc.cuh: out, the step position `advance`, the host words).
 struct ArgmaxTail {
