@@ -1,7 +1,8 @@
 // Attention: one block of W warps per (head, token) (W = 16 for decode, 4 for prefill). Warp w takes cache rows
 // first + w, first + w + W, ...;
 // each lane holds head_dim / 32 dims (lane + 32 j: coalesced rows), the warp reduces q . k with shuffles and
-// keeps its own online-softmax state (max, sum, weighted V); the W states are merged through shared memory.
+// keeps its own online-softmax state (max, sum, weighted V); the W states are merged through shared memory. A decode
+// warp's first rows are loaded before the kernel's wait (EarlyRows).
 // Decode uses it; prefill takes the tiled kernel (attention_prefill.cu) and falls back to this one (grid.y = tokens)
 // for head sizes that kernel does not take. Split-K for long contexts is a later step.
 #include "backend/cuda/attention.cuh"
@@ -14,13 +15,17 @@ namespace {
 // row loads per warp stays short. Prefill has a block per (head, token) and keeps 4.
 constexpr int kDecodeWarps = 16;
 constexpr int kPrefillWarps = 4;
+// Cache rows per decode warp loaded before the wait (EarlyRows): 16 warps x 4 = the first 64 rows of a head.
+constexpr int kEarlyRows = 4;
 
 // Requests this block's kv head's latest `rows` cache rows before pos0 into L2 (K and V), before the wait: earlier
-// steps wrote them, so the attention's loads after the wait hit L2 instead of DRAM.
+// steps wrote them, so the attention's loads after the wait hit L2 instead of DRAM. Rows below `skip_below` are
+// skipped (the early rows, already loaded).
 __device__ __forceinline__ void prefetch_cache_rows(const float* kc, const float* vc, int64_t kv_width, int64_t kv_off,
-                                                    int head_dim, int64_t pos0, int window, int rows) {
+                                                    int head_dim, int64_t pos0, int window, int rows,
+                                                    int64_t skip_below = 0) {
   const int64_t first = window > 0 ? max(int64_t(0), pos0 - window + 1) : 0;
-  const int64_t from = max(first, pos0 - rows);
+  const int64_t from = max(max(first, skip_below), pos0 - rows);
   const int lines = (head_dim + 31) / 32;  // 128-byte lines per row
   for (int64_t i = threadIdx.x; i < (pos0 - from) * lines; i += blockDim.x) {
     const int64_t off = (from + i / lines) * kv_width + kv_off + (i % lines) * 32;
@@ -29,12 +34,63 @@ __device__ __forceinline__ void prefetch_cache_rows(const float* kc, const float
   }
 }
 
+// A warp's first kPre cache rows (first + warp + b kWarps, b < kPre), loaded before the kernel's wait: rows below
+// `last` were written by earlier steps, whose kernels have all finished when this block starts (launches overlap
+// only their neighbours: see pdl_wait), so these loads overlap the kernel before. Row `last` is this step's:
+// attend_rows loads it after the wait. kPre == 0 holds nothing.
+template <int VPL, int kPre>
+struct EarlyRows {
+  float k[kPre > 0 ? kPre : 1][VPL], v[kPre > 0 ? kPre : 1][VPL];
+};
+
+template <int VPL, int kWarps, int kPre>
+__device__ __forceinline__ void load_early_rows(EarlyRows<VPL, kPre>& e, const float* kc, const float* vc,
+                                                int64_t kv_width, int64_t kv_off, int64_t first, int64_t last,
+                                                int head_dim) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int b = 0; b < kPre; ++b) {
+    const int64_t p = first + warp + int64_t(b) * kWarps;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+      const int d = lane + 32 * j;
+      const bool ok = p < last && d < head_dim;
+      e.k[b][j] = ok ? kc[p * kv_width + kv_off + d] : 0.0f;
+      e.v[b][j] = ok ? vc[p * kv_width + kv_off + d] : 0.0f;
+    }
+  }
+}
+
+// Folds one row (score s, values v) into a warp's online-softmax state.
+template <int VPL>
+__device__ __forceinline__ void fold_row(float s, const float (&v)[VPL], float& m, float& l, float (&acc)[VPL]) {
+  const float m_new = fmaxf(m, s);
+  const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);  // rescales the old state to the new max
+  const float pw = expf(s - m_new);
+  l = l * corr + pw;
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) acc[j] = fmaf(pw, v[j], acc[j] * corr);
+  m = m_new;
+}
+
+// q . k for one row of a warp (dims lane + 32 j), reduced over the warp and scaled.
+template <int VPL>
+__device__ __forceinline__ float row_score(const float (&qv)[VPL], const float (&k)[VPL], int head_dim, float scale) {
+  const int lane = threadIdx.x & 31;
+  float dot = 0.0f;
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    if (lane + 32 * j < head_dim) dot = fmaf(qv[j], k[j], dot);
+  }
+  return warp_sum(dot) * scale;
+}
+
 // One query row (qv: dims lane + 32 j, every warp holding all of them) against cache rows [first, last] of one kv head
 // (columns kv_off ..), written to o[0, head_dim). Warp w takes rows first + w, first + w + kWarps, ...
-template <int VPL, int kWarps>
-__device__ __forceinline__ void attend_rows(const float (&qv)[VPL], const float* kc, const float* vc, int64_t kv_width,
-                                            int64_t kv_off, int64_t first, int64_t last, int head_dim, float scale,
-                                            float* o) {
+template <int VPL, int kWarps, int kPre>
+__device__ __forceinline__ void attend_rows(const float (&qv)[VPL], EarlyRows<VPL, kPre>& e, const float* kc,
+                                            const float* vc, int64_t kv_width, int64_t kv_off, int64_t first,
+                                            int64_t last, int head_dim, float scale, float* o) {
   constexpr int kThreads = kWarps * 32;
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_acc[kWarps][kMaxHeadDim];
@@ -42,12 +98,34 @@ __device__ __forceinline__ void attend_rows(const float (&qv)[VPL], const float*
   float acc[VPL];
 #pragma unroll
   for (int j = 0; j < VPL; ++j) acc[j] = 0.0f;
-  // A warp's rows are taken kBatch at a time, their K and V loads all issued before any is used: row by row, each
+  float m = -INFINITY, l = 0.0f;
+  if constexpr (kPre > 0) {  // the early rows first: the same rows in the same order as the loop below would take
+#pragma unroll
+    for (int b = 0; b < kPre; ++b) {
+      const int64_t p = first + warp + int64_t(b) * kWarps;
+      if (p == last) {  // uniform over the warp
+#pragma unroll
+        for (int j = 0; j < VPL; ++j) {
+          const int d = lane + 32 * j;
+          e.k[b][j] = d < head_dim ? kc[p * kv_width + kv_off + d] : 0.0f;
+          e.v[b][j] = d < head_dim ? vc[p * kv_width + kv_off + d] : 0.0f;
+        }
+      }
+    }
+    float sb[kPre];
+#pragma unroll
+    for (int b = 0; b < kPre; ++b) sb[b] = row_score(qv, e.k[b], head_dim, scale);
+#pragma unroll
+    for (int b = 0; b < kPre; ++b) {
+      if (first + warp + int64_t(b) * kWarps > last) break;  // uniform over the warp
+      fold_row(sb[b], e.v[b], m, l, acc);
+    }
+  }
+  // The other rows are taken kBatch at a time, their K and V loads all issued before any is used: row by row, each
   // row's loads waited for the previous row's softmax step, a chain of memory round trips that made decode
   // attention ~6 us of each OLMoE layer. The rows are still folded in the same order (same results).
   constexpr int kBatch = 4;
-  float m = -INFINITY, l = 0.0f;
-  for (int64_t p0 = first + warp; p0 <= last; p0 += int64_t(kWarps) * kBatch) {
+  for (int64_t p0 = first + warp + int64_t(kPre) * kWarps; p0 <= last; p0 += int64_t(kWarps) * kBatch) {
     float kv[kBatch][VPL], vv[kBatch][VPL];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -64,26 +142,11 @@ __device__ __forceinline__ void attend_rows(const float (&qv)[VPL], const float*
     }
     float sb[kBatch];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      float dot = 0.0f;
-#pragma unroll
-      for (int j = 0; j < VPL; ++j) {
-        const int d = lane + 32 * j;
-        if (d < head_dim) dot = fmaf(qv[j], kv[b][j], dot);
-      }
-      sb[b] = warp_sum(dot) * scale;
-    }
+    for (int b = 0; b < kBatch; ++b) sb[b] = row_score(qv, kv[b], head_dim, scale);
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       if (p0 + int64_t(b) * kWarps > last) break;  // uniform over the warp
-      const float s = sb[b];
-      const float m_new = fmaxf(m, s);
-      const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);  // rescales the old state to the new max
-      const float pw = expf(s - m_new);
-      l = l * corr + pw;
-#pragma unroll
-      for (int j = 0; j < VPL; ++j) acc[j] = fmaf(pw, vv[b][j], acc[j] * corr);
-      m = m_new;
+      fold_row(sb[b], vv[b], m, l, acc);
     }
   }
   if (lane == 0) {
@@ -117,18 +180,12 @@ __device__ __forceinline__ void attend_rows(const float (&qv)[VPL], const float*
 
 // Preconditions: blockDim.x == 32 * kWarps; grid (n_heads, n_tokens); head_dim <= 32 * VPL <= kMaxHeadDim;
 // n_heads % n_kv_heads == 0; cache rows [0, pos0 + n_tokens) exist.
-template <int VPL, int kWarps>
+template <int VPL, int kWarps, int kPre>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_kernel(const float* q, const float* kc, const float* vc, int64_t pos0, const int64_t* step_pos,
                      int n_heads, int n_kv_heads, int head_dim, float scale, int window, float* out,
                      int prefetch_rows) {
   if (step_pos) pos0 = *step_pos;  // written before the graph's replay, never by a kernel: read before the wait
-  if (prefetch_rows > 0 && gridDim.y == 1) {
-    const int64_t kv_w = int64_t(n_kv_heads) * head_dim;
-    prefetch_cache_rows(kc, vc, kv_w, int64_t(blockIdx.x / (n_heads / n_kv_heads)) * head_dim, head_dim, pos0, window,
-                        prefetch_rows);
-  }
-  pdl_enter();
   const int h = blockIdx.x;
   const int64_t t = blockIdx.y;
   const int lane = threadIdx.x & 31;
@@ -136,6 +193,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t kv_off = int64_t(h / (n_heads / n_kv_heads)) * head_dim;
   const int64_t last = pos0 + t;
   const int64_t first = window > 0 ? max(int64_t(0), last - window + 1) : 0;
+  EarlyRows<VPL, kPre> e;
+  load_early_rows<VPL, kWarps, kPre>(e, kc, vc, kv_width, kv_off, first, last, head_dim);
+  if (prefetch_rows > 0 && gridDim.y == 1) {
+    prefetch_cache_rows(kc, vc, kv_width, kv_off, head_dim, pos0, window, prefetch_rows,
+                        first + int64_t(kPre) * kWarps);
+  }
+  pdl_enter();
   float qv[VPL];
   const float* qr = q + t * q_width + int64_t(h) * head_dim;
 #pragma unroll
@@ -143,8 +207,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int d = lane + 32 * j;
     qv[j] = d < head_dim ? qr[d] : 0.0f;
   }
-  attend_rows<VPL, kWarps>(qv, kc, vc, kv_width, kv_off, first, last, head_dim, scale,
-                           out + t * q_width + int64_t(h) * head_dim);
+  attend_rows<VPL, kWarps, kPre>(qv, e, kc, vc, kv_width, kv_off, first, last, head_dim, scale,
+                                 out + t * q_width + int64_t(h) * head_dim);
 }
 
 // The decode attention block of one query head in one launch: launch_qk_norm_rope_store's full-width norms (every
@@ -156,7 +220,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 constexpr int kFusedThreads = kDecodeWarps * 32;
 static_assert(2 * kFusedThreads == kQkNormThreads, "a thread stands for two of qk_norm_rope_store's");
 
-template <int VPL>
+template <int VPL, int kPre>
 __global__ void __launch_bounds__(kFusedThreads)
     qk_norm_rope_attention_kernel(const float* q, const float* k, const float* v, const void* q_norm, FloatType q_wtype,
                                   const void* k_norm, FloatType k_wtype, float eps, int n_heads, int n_kv_heads,
@@ -175,7 +239,11 @@ __global__ void __launch_bounds__(kFusedThreads)
   const float nk = mine ? load_float(k_norm, k_wtype, kv_off + u) : 0.0f;
   float sn = 0.0f, cs = 1.0f;  // this element's rotary angle: the position is known before the wait
   if (mine && u < 2 * half) rope_angle(u, half, float(pos0), freqs, sn, cs);
-  prefetch_cache_rows(kc, vc, kv_width, kv_off, head_dim, pos0, window, prefetch_rows);
+  const int64_t first = window > 0 ? max(int64_t(0), pos0 - window + 1) : 0;
+  EarlyRows<VPL, kPre> e;
+  load_early_rows<VPL, kDecodeWarps, kPre>(e, kc, vc, kv_width, kv_off, first, pos0, head_dim);
+  prefetch_cache_rows(kc, vc, kv_width, kv_off, head_dim, pos0, window, prefetch_rows,
+                      first + int64_t(kPre) * kDecodeWarps);
   pdl_enter();
   float sq[2], sk[2];
 #pragma unroll
@@ -231,18 +299,17 @@ __global__ void __launch_bounds__(kFusedThreads)
     const int d = lane + 32 * j;
     qv[j] = d < head_dim ? hq[d] : 0.0f;
   }
-  const int64_t first = window > 0 ? max(int64_t(0), pos0 - window + 1) : 0;
-  attend_rows<VPL, kDecodeWarps>(qv, kc, vc, kv_width, kv_off, first, pos0, head_dim, scale, out + q_off);
+  attend_rows<VPL, kDecodeWarps, kPre>(qv, e, kc, vc, kv_width, kv_off, first, pos0, head_dim, scale, out + q_off);
 }
 
 template <int VPL>
 void launch_vpl(const Ctx& ctx, dim3 grid, const float* q, const float* kc, const float* vc, int64_t pos0, int n_heads,
                 int n_kv_heads, int head_dim, float scale, int window, float* out) {
   if (grid.y == 1) {
-    launch_k(ctx, attention_kernel<VPL, kDecodeWarps>, grid, kDecodeWarps * 32, 0, q, kc, vc, pos0, ctx.step_pos,
-             n_heads, n_kv_heads, head_dim, scale, window, out, ctx.kv_prefetch_rows);
+    launch_k(ctx, attention_kernel<VPL, kDecodeWarps, kEarlyRows>, grid, kDecodeWarps * 32, 0, q, kc, vc, pos0,
+             ctx.step_pos, n_heads, n_kv_heads, head_dim, scale, window, out, ctx.kv_prefetch_rows);
   } else {
-    launch_k(ctx, attention_kernel<VPL, kPrefillWarps>, grid, kPrefillWarps * 32, 0, q, kc, vc, pos0, ctx.step_pos,
+    launch_k(ctx, attention_kernel<VPL, kPrefillWarps, 0>, grid, kPrefillWarps * 32, 0, q, kc, vc, pos0, ctx.step_pos,
              n_heads, n_kv_heads, head_dim, scale, window, out, 0);
   }
 }
@@ -290,14 +357,14 @@ bool launch_qk_norm_rope_attention(const Ctx& ctx, const QkNormRopeAttention& a)
              a.k_cache, a.v_cache, a.scale, a.window, a.out, ctx.kv_prefetch_rows);
   };
   switch ((a.head_dim + 31) / 32) {
-    case 1: go(qk_norm_rope_attention_kernel<1>); break;
-    case 2: go(qk_norm_rope_attention_kernel<2>); break;
-    case 3: go(qk_norm_rope_attention_kernel<3>); break;
-    case 4: go(qk_norm_rope_attention_kernel<4>); break;
-    case 5: go(qk_norm_rope_attention_kernel<5>); break;
-    case 6: go(qk_norm_rope_attention_kernel<6>); break;
-    case 7: go(qk_norm_rope_attention_kernel<7>); break;
-    default: go(qk_norm_rope_attention_kernel<8>); break;
+    case 1: go(qk_norm_rope_attention_kernel<1, kEarlyRows>); break;
+    case 2: go(qk_norm_rope_attention_kernel<2, kEarlyRows>); break;
+    case 3: go(qk_norm_rope_attention_kernel<3, kEarlyRows>); break;
+    case 4: go(qk_norm_rope_attention_kernel<4, kEarlyRows>); break;
+    case 5: go(qk_norm_rope_attention_kernel<5, kEarlyRows>); break;
+    case 6: go(qk_norm_rope_attention_kernel<6, kEarlyRows>); break;
+    case 7: go(qk_norm_rope_attention_kernel<7, kEarlyRows>); break;
+    default: go(qk_norm_rope_attention_kernel<8, kEarlyRows>); break;
   }
   return true;
 }
