@@ -274,6 +274,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     }
   }
   __syncthreads();
+  probe_mark(0);
   const float inv_q = 1.0f / sqrtf(warp_sum(red[0][lane]) / float(q_width) + eps);
   const float inv_k = 1.0f / sqrtf(warp_sum(red[1][lane]) / float(kv_width) + eps);
   if (mine) {
@@ -299,7 +300,9 @@ __global__ void __launch_bounds__(kFusedThreads)
     const int d = lane + 32 * j;
     qv[j] = d < head_dim ? hq[d] : 0.0f;
   }
+  probe_mark(1);
   attend_rows<VPL, kDecodeWarps, kPre>(qv, e, kc, vc, kv_width, kv_off, first, pos0, head_dim, scale, out + q_off);
+  probe_mark(2);
 }
 
 template <int VPL>
