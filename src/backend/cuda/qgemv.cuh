@@ -183,21 +183,32 @@ __device__ __forceinline__ ShareSmem share_smem(float* base, int64_t n_experts, 
 
 // Before the wait: the router's words, scales and biases of columns [r0, r0 + rows) (one group: the group size is
 // a multiple of rows) and the norm weights of those rows, into shared memory (weights only, never written by
-// kernels). The next barrier publishes them.
+// kernels). The next barrier publishes them. A thread's first word, scale, bias and norm weight are all loaded
+// before its first store (the compiler keeps loads behind stores that might alias them: one round trip each).
 __device__ inline void share_load(const RouterShare& s, int64_t r0, int rows, const ShareSmem& m) {
   const int bits = s.w.bits;
   const int64_t n_experts = s.w.out, d = s.w.in, per_expert = rows * bits / 32, groups = d / s.w.group_size;
   const uint32_t* w = static_cast<const uint32_t*>(s.w.w);
-  for (int64_t i = threadIdx.x; i < n_experts * per_expert; i += kThreads) {
-    const int64_t e = i / per_expert;
-    m.words[i] = w[e * (d * bits / 32) + r0 * bits / 32 + i % per_expert];
+  const int64_t g = r0 / s.w.group_size, n_words = n_experts * per_expert;
+  auto word = [&](int64_t i) { return w[(i / per_expert) * (d * bits / 32) + r0 * bits / 32 + i % per_expert]; };
+  auto scale = [&](int64_t e) { return load_float(s.w.scales, s.w.stype, e * groups + g); };
+  auto bias = [&](int64_t e) { return s.w.biases ? load_float(s.w.biases, s.w.stype, e * groups + g) : 0.0f; };
+  const int64_t t = threadIdx.x;
+  const uint32_t w0 = t < n_words ? word(t) : 0u;
+  const float s0 = t < n_experts ? scale(t) : 0.0f, b0 = t < n_experts ? bias(t) : 0.0f;
+  const float n0 = t < rows ? load_float(s.norm_w, s.norm_type, r0 + t) : 0.0f;
+  if (t < n_words) m.words[t] = w0;
+  if (t < n_experts) {
+    m.scale[t] = s0;
+    m.bias[t] = b0;
   }
-  const int64_t g = r0 / s.w.group_size;
-  for (int64_t e = threadIdx.x; e < n_experts; e += kThreads) {
-    m.scale[e] = load_float(s.w.scales, s.w.stype, e * groups + g);
-    m.bias[e] = s.w.biases ? load_float(s.w.biases, s.w.stype, e * groups + g) : 0.0f;
+  if (t < rows) m.norm_w[t] = n0;
+  for (int64_t i = t + kThreads; i < n_words; i += kThreads) m.words[i] = word(i);
+  for (int64_t e = t + kThreads; e < n_experts; e += kThreads) {
+    m.scale[e] = scale(e);
+    m.bias[e] = bias(e);
   }
-  for (int i = threadIdx.x; i < rows; i += kThreads) m.norm_w[i] = load_float(s.norm_w, s.norm_type, r0 + i);
+  for (int64_t i = t + kThreads; i < rows; i += kThreads) m.norm_w[i] = load_float(s.norm_w, s.norm_type, r0 + i);
 }
 
 // After the block's rows are in m.yn (y * norm_w) and m.ssq (per warp): every expert's part of the logits and the
