@@ -181,7 +181,7 @@ __device__ __forceinline__ void attend_rows(const float (&qv)[VPL], EarlyRows<VP
 
 // Preconditions: blockDim.x == 32 * kWarps; grid (n_heads, n_tokens); head_dim <= 32 * VPL <= kMaxHeadDim;
 // n_heads % n_kv_heads == 0; cache rows [0, pos0 + n_tokens) exist.
-template <int VPL, int kWarps, int kPre>
+template <int VPL, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_kernel(const float* q, const float* kc, const float* vc, int64_t pos0, const int64_t* step_pos,
                      int n_heads, int n_kv_heads, int head_dim, float scale, int window, float* out,
@@ -194,11 +194,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t kv_off = int64_t(h / (n_heads / n_kv_heads)) * head_dim;
   const int64_t last = pos0 + t;
   const int64_t first = window > 0 ? max(int64_t(0), last - window + 1) : 0;
-  EarlyRows<VPL, kPre> e;
-  load_early_rows<VPL, kWarps, kPre>(e, kc, vc, kv_width, kv_off, first, last, head_dim);
   if (prefetch_rows > 0 && gridDim.y == 1) {
-    prefetch_cache_rows(kc, vc, kv_width, kv_off, head_dim, pos0, window, prefetch_rows,
-                        first + int64_t(kPre) * kWarps);
+    prefetch_cache_rows(kc, vc, kv_width, kv_off, head_dim, pos0, window, prefetch_rows);
   }
   pdl_enter();
   float qv[VPL];
@@ -208,8 +205,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int d = lane + 32 * j;
     qv[j] = d < head_dim ? qr[d] : 0.0f;
   }
-  attend_rows<VPL, kWarps, kPre>(qv, e, kc, vc, kv_width, kv_off, first, last, head_dim, scale,
-                                 out + t * q_width + int64_t(h) * head_dim);
+  EarlyRows<VPL, 0> none;  // no early rows here (see kEarlyRows)
+  attend_rows<VPL, kWarps, 0>(qv, none, kc, vc, kv_width, kv_off, first, last, head_dim, scale,
+                              out + t * q_width + int64_t(h) * head_dim);
 }
 
 // The decode attention block of one query head in one launch: launch_qk_norm_rope_store's full-width norms (every
@@ -310,10 +308,10 @@ template <int VPL>
 void launch_vpl(const Ctx& ctx, dim3 grid, const float* q, const float* kc, const float* vc, int64_t pos0, int n_heads,
                 int n_kv_heads, int head_dim, float scale, int window, float* out) {
   if (grid.y == 1) {
-    launch_k(ctx, attention_kernel<VPL, kDecodeWarps, 0>, grid, kDecodeWarps * 32, 0, q, kc, vc, pos0, ctx.step_pos,
+    launch_k(ctx, attention_kernel<VPL, kDecodeWarps>, grid, kDecodeWarps * 32, 0, q, kc, vc, pos0, ctx.step_pos,
              n_heads, n_kv_heads, head_dim, scale, window, out, ctx.kv_prefetch_rows);
   } else {
-    launch_k(ctx, attention_kernel<VPL, kPrefillWarps, 0>, grid, kPrefillWarps * 32, 0, q, kc, vc, pos0, ctx.step_pos,
+    launch_k(ctx, attention_kernel<VPL, kPrefillWarps>, grid, kPrefillWarps * 32, 0, q, kc, vc, pos0, ctx.step_pos,
              n_heads, n_kv_heads, head_dim, scale, window, out, 0);
   }
 }
