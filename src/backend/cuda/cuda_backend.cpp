@@ -140,8 +140,9 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   impl_->ctx.sm_count = prop.multiProcessorCount;
   impl_->ctx.max_smem_optin = int(prop.sharedMemPerBlockOptin);
   CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->ctx.stream, cudaStreamNonBlocking));
-  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->flag_host), sizeof(unsigned), cudaHostAllocMapped));
-  *impl_->flag_host = 0;
+  CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->flag_host), cuda::kDeviceErrorWords * sizeof(unsigned),
+                           cudaHostAllocMapped));
+  for (int i = 0; i < cuda::kDeviceErrorWords; ++i) impl_->flag_host[i] = 0;
   CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&impl_->ctx.error_flag), impl_->flag_host, 0));
   CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->io_host), 2 * sizeof(StepIo), cudaHostAllocDefault));
   impl_->io_host[0] = impl_->io_host[1] = StepIo{};

@@ -77,7 +77,7 @@ struct CudaBackend::Impl {
   // The tensor-core kernels' conflict-free group loads (FusedMoeArgs::rotate; MOECEL_CUDA_FUSED_ROTATE).
   bool fused_rotate = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_ROTATE", 1, {0, 1}) == 1;
   std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();
-  unsigned* flag_host = nullptr;    // mapped pinned word the kernels raise DeviceError bits in
+  unsigned* flag_host = nullptr;    // mapped pinned words the kernels raise DeviceError bits in (one per bit)
   int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)
   unsigned* counter_dev = nullptr;  // ctx.block_counter
   StepIo* io_host = nullptr;        // pinned, one per decode graph slot (DecodeGraph::launch)
@@ -119,7 +119,10 @@ struct CudaBackend::Impl {
 
   // Reports (and clears) bad input the kernels flagged up to the point the host has waited for.
   void check_flag() {
-    const unsigned e = __atomic_exchange_n(flag_host, 0u, __ATOMIC_SEQ_CST);
+    unsigned e = 0;
+    for (int i = 0; i < cuda::kDeviceErrorWords; ++i) {
+      if (__atomic_exchange_n(flag_host + i, 0u, __ATOMIC_SEQ_CST)) e |= 1u << i;
+    }
     if (e == 0) return;
     std::string what;
     if (e & cuda::kErrTokenId) what += "a token id outside the vocabulary (embedding)";

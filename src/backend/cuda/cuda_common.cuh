@@ -23,16 +23,19 @@ namespace moecel::cuda {
 enum class FloatType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 // Bits kernels raise in the error flag on bad input that only the device sees (indices computed on the GPU).
-// The backend reads the flag after every synchronization and throws.
+// The backend reads the flag after every synchronization and throws. The flag is one mapped host word per bit
+// (word i for bit 1 << i), each set by a plain store: a system-scope atomic on mapped host memory is not supported
+// over PCIe (compute-sanitizer rejects it), and every writer of a word stores the same 1.
 enum DeviceError : unsigned {
   kErrTokenId = 1u,      // embedding: a token id outside [0, vocab_size)
   kErrExpertIndex = 2u,  // gather_linear: an expert index outside [0, n_experts)
 };
+constexpr int kDeviceErrorWords = 2;
 
 // What every launcher needs. All work of a backend goes to its one stream.
 struct Ctx {
   cudaStream_t stream = nullptr;
-  unsigned* error_flag = nullptr;  // device pointer to a mapped, pinned host word (see DeviceError)
+  unsigned* error_flag = nullptr;  // device pointer to kDeviceErrorWords mapped, pinned host words (see DeviceError)
   int sm_count = 0;
   int max_smem_optin = 48 * 1024;  // bytes of dynamic shared memory one block may opt into
   // Set while a decode graph is recorded: rope, kv_store and attention read their pos0 from this device word
@@ -249,7 +252,11 @@ __device__ __forceinline__ void publish_argmax(int i, int32_t* out, int64_t* adv
 }
 
 __device__ __forceinline__ void raise_device_error(unsigned* flag, unsigned bits) {
-  if (flag) atomicOr_system(flag, bits);
+  if (!flag) return;
+#pragma unroll
+  for (int i = 0; i < kDeviceErrorWords; ++i) {
+    if (bits & (1u << i)) *static_cast<volatile unsigned*>(flag + i) = 1u;
+  }
 }
 
 // Programmatic dependent launch (PDL). A kernel launched by launch_k may start while the kernel before it on the
