@@ -155,7 +155,7 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl_->counter_dev), sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(impl_->counter_dev, 0, sizeof(unsigned)));
 #if defined(MOECEL_CUDA_PROBE)
-  if (std::getenv("MOECEL_CUDA_PROBE_OUT")) impl_->probe = cuda::probe_start(1u << 22);
+  if (std::getenv("MOECEL_CUDA_PROBE_OUT")) impl_->probe = cuda::probe_start(1u << 23);
 #endif
   impl_->ctx.block_counter = impl_->counter_dev;
   // Programmatic dependent launch (cuda_common.cuh): on unless MOECEL_CUDA_PDL=0 (for measuring its gain).

@@ -285,6 +285,25 @@ __device__ __forceinline__ void probe_mark(int i) {
   probe_mark_now(i);
 #endif
 }
+// Point i of the last warp to reach it (lane 0 of every warp calls it; after a barrier that follows pdl_wait()).
+__device__ __forceinline__ void probe_mark_max([[maybe_unused]] int i) {
+#if defined(MOECEL_CUDA_PROBE)
+  probe_mark_max_now(i);
+#endif
+}
+// The clock at a kernel's entry (probe builds; else 0), recorded after pdl_wait() as point i by probe_entry_mark.
+__device__ __forceinline__ unsigned long long probe_entry() {
+#if defined(MOECEL_CUDA_PROBE)
+  return probe_thread() ? probe_time() : 0;
+#else
+  return 0;
+#endif
+}
+__device__ __forceinline__ void probe_entry_mark([[maybe_unused]] int i, [[maybe_unused]] unsigned long long t) {
+#if defined(MOECEL_CUDA_PROBE)
+  probe_mark_at(i, t);
+#endif
+}
 __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }

@@ -20,7 +20,8 @@ void probe_register(cudaError_t (*set)(ProbeBuffer*)) {
 
 ProbeBuffer* probe_start(unsigned cap) {
   ProbeBuffer* p = nullptr;
-  const size_t bytes = sizeof(ProbeBuffer) + size_t(cap) * sizeof(ProbeRecord);
+  cap /= kProbeSms;  // per SM
+  const size_t bytes = sizeof(ProbeBuffer) + size_t(cap) * kProbeSms * sizeof(ProbeRecord);
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), bytes));
   CUDA_CHECK(cudaMemset(p, 0, bytes));
   CUDA_CHECK(cudaMemcpy(&p->cap, &cap, sizeof cap, cudaMemcpyHostToDevice));
@@ -29,16 +30,24 @@ ProbeBuffer* probe_start(unsigned cap) {
 }
 
 void probe_dump(ProbeBuffer* p, const char* path) {
-  unsigned head[2] = {0, 0};
-  if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpy(head, p, sizeof head, cudaMemcpyDeviceToHost)) return;
-  const unsigned n = head[0] < head[1] ? head[0] : head[1];
-  std::vector<ProbeRecord> rec(n);
-  if (n && cudaMemcpy(rec.data(), p->rec, n * sizeof(ProbeRecord), cudaMemcpyDeviceToHost) != cudaSuccess) return;
+  unsigned count[kProbeSms], cap = 0;
+  if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpy(count, p->count, sizeof count, cudaMemcpyDeviceToHost) ||
+      cudaMemcpy(&cap, &p->cap, sizeof cap, cudaMemcpyDeviceToHost)) {
+    return;
+  }
+  std::vector<ProbeRecord> rec, sm(cap);
+  unsigned claimed = 0;
+  for (int s = 0; s < kProbeSms; ++s) {
+    const unsigned n = count[s] < cap ? count[s] : cap;
+    claimed += count[s];
+    if (n && cudaMemcpy(sm.data(), p->rec + size_t(s) * cap, n * sizeof(ProbeRecord), cudaMemcpyDeviceToHost)) return;
+    rec.insert(rec.end(), sm.begin(), sm.begin() + n);
+  }
   if (FILE* f = std::fopen(path, "wb")) {
-    std::fwrite(rec.data(), sizeof(ProbeRecord), n, f);
+    std::fwrite(rec.data(), sizeof(ProbeRecord), rec.size(), f);
     std::fclose(f);
   }
-  std::fprintf(stderr, "probe: %u of %u records written to %s\n", n, head[0], path);
+  std::fprintf(stderr, "probe: %zu of %u records written to %s\n", rec.size(), claimed, path);
 }
 }  // namespace moecel::cuda
 #endif

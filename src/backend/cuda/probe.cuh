@@ -12,8 +12,12 @@ struct ProbeRecord {
   unsigned long long t_call, t_return;
   unsigned long long mark[4];  // probe_mark(i): later points of the block (thread 0)
 };
+// Records per SM (rec[smid * cap + i], i < count[smid]): a block claims its slot with an atomic on its own SM's
+// counter, so the claims before the waits of a launch's blocks do not all queue on one address.
+constexpr int kProbeSms = 256;
 struct ProbeBuffer {
-  unsigned count, cap, pad[2];
+  unsigned count[kProbeSms];
+  unsigned cap, pad[3];
   ProbeRecord rec[1];
 };
 void probe_register(cudaError_t (*set)(ProbeBuffer*));
@@ -50,8 +54,10 @@ __device__ __forceinline__ unsigned long long probe_wait_begin() {
     t0 = probe_time();
     probe_rec = nullptr;
     if (pb) {
-      const unsigned slot = atomicAdd(&pb->count, 1u);
-      if (slot < pb->cap) probe_rec = pb->rec + slot;
+      unsigned smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      const unsigned sm = smid % kProbeSms, slot = atomicAdd(&pb->count[sm], 1u);
+      if (slot < pb->cap) probe_rec = pb->rec + size_t(sm) * pb->cap + slot;
     }
   }
   return t0;
@@ -69,6 +75,19 @@ __device__ __forceinline__ void probe_wait_end(unsigned long long t0) {
       r->t_call = t0;
       r->t_return = t1;
     }
+  }
+}
+
+__device__ __forceinline__ void probe_mark_at(int i, unsigned long long t) {
+  if (probe_thread()) {
+    if (ProbeRecord* r = probe_rec) r->mark[i] = t;
+  }
+}
+
+// Point i as the latest over the lanes 0 that call it (the record's marks start at zero).
+__device__ __forceinline__ void probe_mark_max_now(int i) {
+  if ((threadIdx.x & 31) == 0) {
+    if (ProbeRecord* r = probe_rec) atomicMax(&r->mark[i], probe_time());
   }
 }
 

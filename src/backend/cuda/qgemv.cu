@@ -26,6 +26,7 @@ template <int BITS, typename ST, int RPW, bool SHARE = false>
 __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
+  const unsigned long long t_entry = probe_entry();
   const int64_t p = blockIdx.y;
   if (a.map.indices) pdl_wait();  // the indices come from an earlier kernel
   const Part pt = block_part(a);
@@ -74,6 +75,7 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
     share_load(a.f.share, pt.block * kRows, kRows, share);
   }
   pdl_enter();
+  probe_entry_mark(3, t_entry);
   stage_chunks(pair_x(a, in, p), in, xs);
   __syncthreads();
   if (a.f.norm_w) normalize_staged(a, in, p, xs, nw);

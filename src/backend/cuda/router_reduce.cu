@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(kRankThreads) router_reduce_topk_kernel(Router
       bulk_copy(ssq, sq, sb, &bar);
     }
     mbar_wait(&bar, 0);
+    probe_mark(0);
     parts = sp;
     ys = sy;
     sq = ssq;
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(kRankThreads) router_reduce_topk_kernel(Router
   }
   sums[tid] = s;
   ss = block_sum(ss, red);  // ends with the block synchronized: sums is complete
+  probe_mark(1);
   const float inv = 1.0f / sqrtf(ss / float(d) + r.eps);
   if (tid < n_e) {
     float l = 0.0f;
@@ -113,8 +115,10 @@ __global__ void __launch_bounds__(kRankThreads) router_reduce_topk_kernel(Router
   for (int64_t i = tid + int64_t(kYRegs) * kRankThreads; i < d; i += kRankThreads) {
     r.xn[t * d + i] = ys[i] * inv * load_float(r.norm_w, r.norm_type, i);
   }
+  probe_mark(2);
   block_router_topk_n<kPerLane, true>(logit, n_e, r.k, r.topk_softmax, r.renormalize, r.indices + t * r.k,
                                       r.weights + t * r.k, rank);
+  probe_mark(3);
 }
 
 // kExact's shape (router_reduce_topk_kernel).
