@@ -88,10 +88,16 @@ __device__ __forceinline__ float row_score(const float (&qv)[VPL], const float (
 
 // One query row (qv: dims lane + 32 j, every warp holding all of them) against cache rows [first, last] of one kv head
 // (columns kv_off ..), written to o[0, head_dim). Warp w takes rows first + w, first + w + kWarps, ...
+// With early rows (the q/k-norm block), row `last` is this block's own: its warp folds it last (its place in that
+// warp's order) from step_k / step_v in shared memory instead of reloading the cache row the block has just written
+// (an L2 round trip after the barrier, on the merge's path).
 template <int VPL, int kWarps, int kPre>
 __device__ __forceinline__ void attend_rows(const float (&qv)[VPL], EarlyRows<VPL, kPre>& e, const float* kc,
                                             const float* vc, int64_t kv_width, int64_t kv_off, int64_t first,
-                                            int64_t last, int head_dim, float scale, float* o) {
+                                            int64_t last, int head_dim, float scale, float* o,
+                                            const float* step_k = nullptr, const float* step_v = nullptr) {
+  constexpr bool kStep = kPre > 0;              // row `last` from step_k / step_v
+  const int64_t end = kStep ? last : last + 1;  // rows [first, end) come from the cache
   constexpr int kThreads = kWarps * 32;
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_acc[kWarps][kMaxHeadDim];
@@ -101,24 +107,14 @@ __device__ __forceinline__ void attend_rows(const float (&qv)[VPL], EarlyRows<VP
   for (int j = 0; j < VPL; ++j) acc[j] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   if constexpr (kPre > 0) {  // the early rows first: the same rows in the same order as the loop below would take
-#pragma unroll
-    for (int b = 0; b < kPre; ++b) {
-      const int64_t p = first + warp + int64_t(b) * kWarps;
-      if (p == last) {  // uniform over the warp
-#pragma unroll
-        for (int j = 0; j < VPL; ++j) {
-          const int d = lane + 32 * j;
-          e.k[b][j] = d < head_dim ? kc[p * kv_width + kv_off + d] : 0.0f;
-          e.v[b][j] = d < head_dim ? vc[p * kv_width + kv_off + d] : 0.0f;
-        }
-      }
-    }
     float sb[kPre];
 #pragma unroll
-    for (int b = 0; b < kPre; ++b) sb[b] = row_score(qv, e.k[b], head_dim, scale);
+    for (int b = 0; b < kPre; ++b) {  // only rows that exist (uniform over the warp): short contexts skip the rest
+      sb[b] = first + warp + int64_t(b) * kWarps < end ? row_score(qv, e.k[b], head_dim, scale) : 0.0f;
+    }
 #pragma unroll
     for (int b = 0; b < kPre; ++b) {
-      if (first + warp + int64_t(b) * kWarps > last) break;  // uniform over the warp
+      if (first + warp + int64_t(b) * kWarps >= end) break;  // uniform over the warp
       fold_row(sb[b], e.v[b], m, l, acc);
     }
   }
@@ -126,7 +122,7 @@ __device__ __forceinline__ void attend_rows(const float (&qv)[VPL], EarlyRows<VP
   // row's loads waited for the previous row's softmax step, a chain of memory round trips that made decode
   // attention ~6 us of each OLMoE layer. The rows are still folded in the same order (same results).
   constexpr int kBatch = 4;
-  for (int64_t p0 = first + warp + int64_t(kPre) * kWarps; p0 <= last; p0 += int64_t(kWarps) * kBatch) {
+  for (int64_t p0 = first + warp + int64_t(kPre) * kWarps; p0 < end; p0 += int64_t(kWarps) * kBatch) {
     float kv[kBatch][VPL], vv[kBatch][VPL];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -136,20 +132,34 @@ __device__ __forceinline__ void attend_rows(const float (&qv)[VPL], EarlyRows<VP
 #pragma unroll
       for (int j = 0; j < VPL; ++j) {
         const int d = lane + 32 * j;
-        const bool ok = p <= last && d < head_dim;
+        const bool ok = p < end && d < head_dim;
         kv[b][j] = ok ? kr[d] : 0.0f;
         vv[b][j] = ok ? vr[d] : 0.0f;
       }
     }
     float sb[kBatch];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) sb[b] = row_score(qv, kv[b], head_dim, scale);
+    for (int b = 0; b < kBatch; ++b)
+      sb[b] = p0 + int64_t(b) * kWarps < end ? row_score(qv, kv[b], head_dim, scale) : 0.0f;
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      if (p0 + int64_t(b) * kWarps > last) break;  // uniform over the warp
+      if (p0 + int64_t(b) * kWarps >= end) break;  // uniform over the warp
       fold_row(sb[b], vv[b], m, l, acc);
     }
   }
+  if constexpr (kStep) {
+    if (warp == int((last - first) % kWarps)) {  // uniform over the warp
+      float k[VPL], v[VPL];
+#pragma unroll
+      for (int j = 0; j < VPL; ++j) {
+        const int d = lane + 32 * j;
+        k[j] = d < head_dim ? step_k[d] : 0.0f;
+        v[j] = d < head_dim ? step_v[d] : 0.0f;
+      }
+      fold_row(row_score(qv, k, head_dim, scale), v, m, l, acc);
+    }
+  }
+  probe_mark_max(2);
   if (lane == 0) {
     s_m[warp] = m;
     s_l[warp] = l;
@@ -160,14 +170,19 @@ __device__ __forceinline__ void attend_rows(const float (&qv)[VPL], EarlyRows<VP
     if (d < head_dim) s_acc[warp][d] = acc[j];
   }
   __syncthreads();
-  // Merge: the global max is finite (row `last` is always attended); a warp that saw no row has m = -inf, l = 0.
+  // Merge, by the warps that write the output only (every warp computing the weights took issue slots from them):
+  // the global max is finite (row `last` is always attended); a warp that saw no row has m = -inf, l = 0. Lane w
+  // computes warp w's weight once; the others read it by shuffle (the same values, added in warp order).
+  static_assert(kWarps <= 32, "one lane per warp's weight");
+  if (threadIdx.x >= (head_dim + 31) / 32 * 32) return;  // whole warps: the shuffles below need every lane
   float mx = -INFINITY;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w]);
+  const float own = lane < kWarps && s_m[lane] != -INFINITY ? expf(s_m[lane] - mx) : 0.0f;
   float wgt[kWarps], sum = 0.0f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) {
-    wgt[w] = s_m[w] == -INFINITY ? 0.0f : expf(s_m[w] - mx);
+    wgt[w] = __shfl_sync(0xffffffffu, own, w);
     sum = fmaf(s_l[w], wgt[w], sum);
   }
   const float inv = 1.0f / sum;
@@ -227,7 +242,7 @@ __global__ void __launch_bounds__(kFusedThreads)
                                   int64_t capacity, float* kc, float* vc, float scale, int window, float* out,
                                   int prefetch_rows) {
   __shared__ float red[2][32];
-  __shared__ float hq[kMaxHeadDim], hk[kMaxHeadDim];
+  __shared__ float hq[kMaxHeadDim], hk[kMaxHeadDim], hv[kMaxHeadDim];
   if (step_pos) pos0 = *step_pos;
   const int h = blockIdx.x, g = h / (n_heads / n_kv_heads);
   const int u = threadIdx.x, warp = u >> 5, lane = u & 31;
@@ -274,24 +289,30 @@ __global__ void __launch_bounds__(kFusedThreads)
   }
   __syncthreads();
   probe_mark(0);
-  const float inv_q = 1.0f / sqrtf(warp_sum(red[0][lane]) / float(q_width) + eps);
-  const float inv_k = 1.0f / sqrtf(warp_sum(red[1][lane]) / float(kv_width) + eps);
-  if (mine) {
-    hq[u] = xq * inv_q * nq;
-    hk[u] = xk * inv_k * nk;
+  if (warp * 32 < head_dim) {  // the warps holding the head's elements (whole warps: shuffles); the others skip
+    const float inv_q = 1.0f / sqrtf(warp_sum(red[0][lane]) / float(q_width) + eps);
+    const float inv_k = 1.0f / sqrtf(warp_sum(red[1][lane]) / float(kv_width) + eps);
+    if (mine) {
+      hq[u] = xq * inv_q * nq;
+      hk[u] = xk * inv_k * nk;
+    }
   }
   __syncthreads();
-  float oq = 0.0f;
+  float oq = 0.0f, ok = 0.0f;
   if (mine) {
     oq = u < 2 * half ? rope_rotate(hq, u, half, sn, cs) : hq[u];
-    const float ok = u < 2 * half ? rope_rotate(hk, u, half, sn, cs) : hk[u];
+    ok = u < 2 * half ? rope_rotate(hk, u, half, sn, cs) : hk[u];
     if (pos0 >= 0 && pos0 < capacity) {
       kc[pos0 * kv_width + kv_off + u] = ok;
       vc[pos0 * kv_width + kv_off + u] = xv;
     }
   }
-  __syncthreads();  // every thread has read hq; the cache row is written (visible to this block after the barrier)
-  if (mine) hq[u] = oq;
+  __syncthreads();  // every thread has read hq and hk
+  if (mine) {       // the rotated q, and this step's k and v row for attend_rows
+    hq[u] = oq;
+    hk[u] = ok;
+    hv[u] = xv;
+  }
   __syncthreads();
   float qv[VPL];
 #pragma unroll
@@ -300,8 +321,9 @@ __global__ void __launch_bounds__(kFusedThreads)
     qv[j] = d < head_dim ? hq[d] : 0.0f;
   }
   probe_mark(1);
-  attend_rows<VPL, kDecodeWarps, kPre>(qv, e, kc, vc, kv_width, kv_off, first, pos0, head_dim, scale, out + q_off);
-  probe_mark(2);
+  attend_rows<VPL, kDecodeWarps, kPre>(qv, e, kc, vc, kv_width, kv_off, first, pos0, head_dim, scale, out + q_off, hk,
+                                       hv);
+  probe_mark(3);
 }
 
 template <int VPL>
