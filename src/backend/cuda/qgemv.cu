@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
   // kernel and staging x, so their latency overlaps both; they are consumed first, in the loop's order (same sums).
   constexpr int kPrefetch = 2;
   uint32_t pw[kPrefetch][RPW][BITS];
-  float ps[kPrefetch][RPW], pb[kPrefetch][RPW];
+  ST ps[kPrefetch][RPW], pb[kPrefetch][RPW];  // raw: converted after the wait (a conversion waits for its load)
 #pragma unroll
   for (int k = 0; k < kPrefetch; ++k) {
     const int64_t c = lane + 32 * k;
@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
 #pragma unroll
       for (int i = 0; i < RPW; ++i) {
         load_chunk<BITS>(wrow[i] + c * BITS, pw[k][i]);
-        ps[k][i] = to_f32(srow[i][g]);
-        pb[k][i] = brow[i] ? to_f32(brow[i][g]) : 0.0f;
+        ps[k][i] = srow[i][g];
+        pb[k][i] = brow[i] ? brow[i][g] : ST(0.0f);
       }
     }
   }
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
 #pragma unroll
         for (int i = 0; i < RPW; ++i) {
           const float qx = chunk_qx<BITS>(pw[k][i], xs + c * kChunkPad, xsum);
-          acc[i] = chunk_fma(ps[k][i], pb[k][i], qx, xsum, acc[i]);
+          acc[i] = chunk_fma(to_f32(ps[k][i]), to_f32(pb[k][i]), qx, xsum, acc[i]);
         }
       }
     }
