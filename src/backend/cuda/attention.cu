@@ -38,7 +38,7 @@ __device__ __forceinline__ void prefetch_cache_rows(const float* kc, const float
 // A warp's first kPre cache rows (first + warp + b kWarps, b < kPre), loaded before the kernel's wait: rows below
 // `last` were written by earlier steps, whose kernels have all finished when this block starts (launches overlap
 // only their neighbours: see pdl_wait), so these loads overlap the kernel before. Row `last` is this step's:
-// attend_rows loads it after the wait. kPre == 0 holds nothing.
+// attend_rows folds it from the block's shared memory. kPre == 0 holds nothing.
 template <int VPL, int kPre>
 struct EarlyRows {
   float k[kPre > 0 ? kPre : 1][VPL], v[kPre > 0 ? kPre : 1][VPL];
