@@ -31,6 +31,7 @@ enum DeviceError : unsigned {
   kErrExpertIndex = 2u,  // gather_linear: an expert index outside [0, n_experts)
 };
 constexpr int kDeviceErrorWords = 2;
+static_assert(kErrExpertIndex < (1u << kDeviceErrorWords), "a flag word for every DeviceError bit");
 
 // What every launcher needs. All work of a backend goes to its one stream.
 struct Ctx {

@@ -41,6 +41,12 @@ __device__ __forceinline__ unsigned long long probe_time() {
   return t;
 }
 
+__device__ __forceinline__ unsigned probe_smid() {
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  return smid;
+}
+
 __device__ __forceinline__ bool probe_thread() {
   return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
 }
@@ -54,9 +60,7 @@ __device__ __forceinline__ unsigned long long probe_wait_begin() {
     t0 = probe_time();
     probe_rec = nullptr;
     if (pb) {
-      unsigned smid;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-      const unsigned sm = smid % kProbeSms, slot = atomicAdd(&pb->count[sm], 1u);
+      const unsigned sm = probe_smid() % kProbeSms, slot = atomicAdd(&pb->count[sm], 1u);
       if (slot < pb->cap) probe_rec = pb->rec + size_t(sm) * pb->cap + slot;
     }
   }
@@ -67,11 +71,9 @@ __device__ __forceinline__ void probe_wait_end(unsigned long long t0) {
   if (probe_thread()) {
     const unsigned long long t1 = probe_time();
     if (ProbeRecord* r = probe_rec) {
-      unsigned smid;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
       r->grid = gridDim.x | gridDim.y << 16;
       r->block = blockIdx.x | blockIdx.y << 16;
-      r->smid = smid;
+      r->smid = probe_smid();
       r->t_call = t0;
       r->t_return = t1;
     }
