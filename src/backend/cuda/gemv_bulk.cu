@@ -62,8 +62,11 @@ __device__ __forceinline__ void issue_pending(const PendingCopy* p, unsigned cha
 // each and writes act(gate) * up (glu_value, as launch_glu), so the gather path's activation needs no launch of its
 // own. Shared memory: the barrier, the block's row tile, x staged. Preconditions (launch_gemv_bulk): bulk_rows_ok
 // for every part; in % 32 == 0; with glu, parts 0 and 1 of the same shape.
-template <int BITS, typename ST, int RPW, bool GLU>
+// GATHER: a.map.indices is set (then no norm); else a.f.norm_w is set and one stage of copies (launch_gemv_bulk). A
+// variant each, so that q/k/v's carries none of the gather path's code.
+template <int BITS, typename ST, int RPW, bool GLU, bool GATHER>
 __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
+  static_assert(GATHER || !GLU, "the glu epilogue is the gather path's");
   extern __shared__ float4 smem4[];
   constexpr int kHalf = RPW / 2;
   constexpr int rpw = GLU ? kHalf : RPW;  // rows of a part per warp
@@ -85,14 +88,14 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   // issues stage s + depth's once its own rows have landed, so the bytes arrive in stage order and the first warps
   // compute while the rest arrive. (Recorded in shared memory: kept in registers, they made the kernel spill.)
   uint32_t nraw[gemv::kNormRegs];
-  gemv::load_norm_raw(a, in, nraw);  // before the barrier: ahead of thread 0's copies
-  if (threadIdx.x < a.stages) mbar_init(bar + threadIdx.x, 1);
+  if constexpr (!GATHER) gemv::load_norm_raw(a, in, nraw);  // before the barrier: ahead of thread 0's copies
+  if (threadIdx.x < (GATHER ? a.stages : 1)) mbar_init(bar + threadIdx.x, 1);
   __syncthreads();
   // indices_final: the expert is known before the wait (the indices' writer finished before the previous kernel let
   // this one start).
-  const bool early = a.map.indices && a.map.indices_final;
+  const bool early = GATHER && a.map.indices_final;
   int64_t expert = 0;
-  if (a.map.indices && !early) {
+  if (GATHER && !early) {
     pdl_enter();
     expert = gemv::pair_expert(a, pt, p, rpw);
     if (expert < 0) return;  // uniform; no copy was issued
@@ -102,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
     expert = e >= 0 && e < pt.w.n_stack ? e : -1;
   }
   if (threadIdx.x == 0 && expert >= 0) {  // weights only: before the wait where the rows are known
-    if (a.stages == 1) {                  // straight copies: with no wait before them they are on the chain
+    if (!GATHER || a.stages == 1) {       // straight copies: with no wait before them they are on the chain
       mbar_arrive_expect(bar, unsigned(tile_rows * (row_bytes + 2 * srow)));
       bulk::issue_rows(pt.w, expert * out + r0, n_rows, tile, bar);
       if constexpr (GLU) bulk::issue_rows(a.w[1], expert * out + r0, n_rows, tile, bar, n_rows);
@@ -124,15 +127,15 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
     }
   }
   float nw[gemv::kNormRegs];
-  gemv::convert_norm(a, nraw, nw);
-  if (!a.map.indices || early) pdl_enter();
+  if constexpr (!GATHER) gemv::convert_norm(a, nraw, nw);
+  if (!GATHER || early) pdl_enter();
   if (expert < 0) {  // a bad index (early): NaN rows and the error flag, written after the wait
     gemv::pair_expert(a, pt, p, rpw);
     return;
   }
   stage_chunks(gemv::pair_x(a, in, p), in, xs);
   __syncthreads();
-  if (a.f.norm_w) gemv::normalize_staged(a, in, p, xs, nw);
+  if constexpr (!GATHER) gemv::normalize_staged(a, in, p, xs, nw);
   stage_xsums(xs, n_chunks);
   __syncthreads();
   probe_mark(0);
@@ -148,10 +151,10 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   float acc[RPW];
 #pragma unroll
   for (int i = 0; i < RPW; ++i) acc[i] = 0.0f;
-  const int stage = warp >> a.stage_shift;  // warps per stage: 1 << stage_shift
+  const int stage = GATHER ? warp >> a.stage_shift : 0;  // warps per stage: 1 << stage_shift
   mbar_wait(bar + stage, 0);
   if (stage == 0) probe_mark(1);
-  if (lane == 0 && (warp & ((1 << a.stage_shift) - 1)) == 0 && stage + a.depth < a.stages) {
+  if (GATHER && lane == 0 && (warp & ((1 << a.stage_shift) - 1)) == 0 && stage + a.depth < a.stages) {
     const int s2 = stage + a.depth;
     issue_pending<GLU ? 6 : 3>(pending + s2 * kStageCopies, smem, bar + s2);
   }
@@ -172,20 +175,34 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
   }
 }
 
-template <int BITS, int RPW, bool GLU>
+template <int BITS, int RPW, bool GLU, bool GATHER>
 void launch_rows(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a) {
   switch (a.w[0].stype) {
-    case FloatType::kF32: launch_k(ctx, gemv_bulk_kernel<BITS, float, RPW, GLU>, grid, kThreads, smem, a); break;
-    case FloatType::kF16: launch_k(ctx, gemv_bulk_kernel<BITS, __half, RPW, GLU>, grid, kThreads, smem, a); break;
+    case FloatType::kF32:
+      launch_k(ctx, gemv_bulk_kernel<BITS, float, RPW, GLU, GATHER>, grid, kThreads, smem, a);
+      break;
+    case FloatType::kF16:
+      launch_k(ctx, gemv_bulk_kernel<BITS, __half, RPW, GLU, GATHER>, grid, kThreads, smem, a);
+      break;
     case FloatType::kBF16:
-      launch_k(ctx, gemv_bulk_kernel<BITS, __nv_bfloat16, RPW, GLU>, grid, kThreads, smem, a);
+      launch_k(ctx, gemv_bulk_kernel<BITS, __nv_bfloat16, RPW, GLU, GATHER>, grid, kThreads, smem, a);
       break;
   }
 }
 
-template <int BITS, bool GLU>
+template <int BITS>
 void launch_bits(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a, int rpw) {
-  rpw == 4 ? launch_rows<BITS, 4, GLU>(ctx, grid, smem, a) : launch_rows<BITS, 2, GLU>(ctx, grid, smem, a);
+  const bool glu = a.glu >= 0, gather = a.map.indices != nullptr;
+  if (glu) {
+    rpw == 4 ? launch_rows<BITS, 4, true, true>(ctx, grid, smem, a)
+             : launch_rows<BITS, 2, true, true>(ctx, grid, smem, a);
+  } else if (gather) {
+    rpw == 4 ? launch_rows<BITS, 4, false, true>(ctx, grid, smem, a)
+             : launch_rows<BITS, 2, false, true>(ctx, grid, smem, a);
+  } else {
+    rpw == 4 ? launch_rows<BITS, 4, false, false>(ctx, grid, smem, a)
+             : launch_rows<BITS, 2, false, false>(ctx, grid, smem, a);
+  }
 }
 
 }  // namespace
@@ -233,12 +250,7 @@ bool gemv::launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
   if (blocks == 0) return true;
   CUDA_REQUIRE(blocks < (int64_t(1) << 31), "gemv_bulk: too many output rows");
   const dim3 grid{unsigned(blocks), unsigned(n_pairs)};
-  const bool glu = a.glu >= 0;
-  if (w.bits == 4) {
-    glu ? launch_bits<4, true>(ctx, grid, smem, a, rpw) : launch_bits<4, false>(ctx, grid, smem, a, rpw);
-  } else {
-    glu ? launch_bits<8, true>(ctx, grid, smem, a, rpw) : launch_bits<8, false>(ctx, grid, smem, a, rpw);
-  }
+  w.bits == 4 ? launch_bits<4>(ctx, grid, smem, a, rpw) : launch_bits<8>(ctx, grid, smem, a, rpw);
   return true;
 }
 

@@ -67,8 +67,8 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
     }
   }
   float nw[kNormRegs];
-  load_norm(a, in, nw);
-  constexpr int kRows = kWarps * RPW;  // the block's rows
+  if constexpr (!SHARE) load_norm(a, in, nw);  // a share's launch has no input norm (linear_residual_norm_router)
+  constexpr int kRows = kWarps * RPW;          // the block's rows
   ShareSmem share{};
   if constexpr (SHARE) {
     share = share_smem(xs + n_chunks * kChunkPad, a.f.share.w.out, kRows, a.f.share.w.bits);
@@ -78,7 +78,9 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
   probe_entry_mark(3, t_entry);
   stage_chunks(pair_x(a, in, p), in, xs);
   __syncthreads();
-  if (a.f.norm_w) normalize_staged(a, in, p, xs, nw);
+  if constexpr (!SHARE) {
+    if (a.f.norm_w) normalize_staged(a, in, p, xs, nw);
+  }
   stage_xsums(xs, n_chunks);
   __syncthreads();
 
@@ -136,7 +138,9 @@ __global__ void __launch_bounds__(kThreads) qgemv_kernel(GemvArgs a) {
     }
   }
   if constexpr (SHARE) share_store(a.f.share, kRows, p, blockIdx.x, gridDim.x, share);
-  if (a.f.router.k > 0) router_epilogue(a);
+  if constexpr (!SHARE) {  // nor a router epilogue: the less code, the less for the SM to fetch
+    if (a.f.router.k > 0) router_epilogue(a);
+  }
 }
 
 // Dense weights. Preconditions: blockDim.x == kThreads; dynamic shared memory `in` floats (16-byte aligned);
@@ -350,9 +354,10 @@ bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span
     const RouterShare& s = f.share;
     CUDA_REQUIRE(ws.size() == 1 && (ws[0].bits == 4 || ws[0].bits == 8) && ws[0].out % rows == 0 &&
                      s.w.in == ws[0].out && (s.w.bits == 4 || s.w.bits == 8) && s.w.out >= 1 &&
-                     s.w.out <= kWarpRouterExperts && s.w.group_size % rows == 0 && s.w.n_stack == 1,
+                     s.w.out <= kWarpRouterExperts && s.w.group_size % rows == 0 && s.w.n_stack == 1 && !f.norm_w &&
+                     f.router.k == 0,
                  "gemv: a router share needs one 4/8-bit weight of whole 16-row blocks and a 4/8-bit router over "
-                 "its rows (<= 256 experts, group size a multiple of 16)");
+                 "its rows (<= 256 experts, group size a multiple of 16), with no input norm or router epilogue");
   }
   a.f = f;
   if (tail) {
