@@ -69,9 +69,8 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   float* xsum = reinterpret_cast<float*>(planes + 3 * plane);
   float* part = xsum + (groups + 3) / 4 * 4;  // (kWarps, 2 * kRows)
   const bool valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0], true);
-  const bool vec = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
   mma_stage<GS>(
-      hidden, [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, vec, v); }, planes, xsum);
+      hidden, [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, true, v); }, planes, xsum);
   __syncthreads();
   probe_mark(0);
   if (!valid) {  // uniform over the block; no barrier follows
@@ -134,8 +133,10 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
 // Kernel B: grid (hidden / 16), a 16-row tile of down rows for each of the k slots per block, every slot's copies
 // issued before the wait for kernel A (as fused_down_bulk_kernel's). Warp w computes slots w, w + 8, ... (each its
 // tile times that slot's act row); the block adds the slots in order: out[r] = (residual[r] +) sum_j weights[j] *
-// (down[e_j][r] . act[j]). Shared memory: barriers, k tiles, the act planes, their group sums, the slots' sums.
-template <int BITS, int GS, typename ST>
+// (down[e_j][r] . act[j]). Shared memory: barriers, k tiles, the act planes, their group sums, the slots' sums. ROT:
+// whole rounds of kRot groups (groups a multiple of it), else one group at a time: a variant each, so that neither
+// carries the other's loop.
+template <int BITS, int GS, typename ST, bool ROT>
 __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeArgs a, unsigned* err) {
   extern __shared__ float4 smem4[];
   constexpr int kRows = kMmaTileRows;
@@ -178,20 +179,19 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
     mbar_wait(&bars[sl], 0);
     if (sl == 0) probe_mark(1);
     float acc[2] = {0.0f, 0.0f};
-    constexpr int R = kRot<BITS, GS>;
-    int64_t gl = 0;
-    // Whole rounds of R groups (where a row holds whole rounds: aligned scale loads): the same sums in the same order.
-    if (R > 1 && a.rotate && groups % R == 0) {
-      for (; gl < groups; gl += R) {
+    if constexpr (ROT) {  // whole rounds of R groups (aligned scale loads): the same sums in the same order
+      constexpr int R = kRot<BITS, GS>;
+      for (int64_t gl = 0; gl < groups; gl += R) {
         tile_groups_mma<BITS, GS, ST, R>(tl, int(gl), bp, int(sl * groups + gl), xsum, gid, t, acc);
       }
-    }
+    } else {
 #pragma unroll 4  // as kernel A's group loop: several groups' MMA chains in flight per warp
-    for (; gl < groups; ++gl) {
-      const int64_t g = sl * groups + gl;
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      tile_group_mma<BITS, GS>(tl.base, row_bytes, gl, bp, g, gid, t, d);
-      fold_group(tl, gl, t == 0 ? xsum[g] : 0.0f, gid, d, acc);
+      for (int64_t gl = 0; gl < groups; ++gl) {
+        const int64_t g = sl * groups + gl;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tile_group_mma<BITS, GS>(tl.base, row_bytes, gl, bp, g, gid, t, d);
+        fold_group(tl, gl, t == 0 ? xsum[g] : 0.0f, gid, d, acc);
+      }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 1);
@@ -225,7 +225,11 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
 bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
   const WeightView& g = a.gate;
   const int gs = int(g.group_size);
-  if (g.out % kMmaTileRows != 0 || (gs != 32 && gs != 64 && gs != 128) || g.in % gs != 0) return false;
+  // x 16-byte aligned (the allocator's buffers are): the kernel has no scalar path for it (which cost it a spill).
+  if (g.out % kMmaTileRows != 0 || (gs != 32 && gs != 64 && gs != 128) || g.in % gs != 0 ||
+      reinterpret_cast<uintptr_t>(a.x) % 16 != 0) {
+    return false;
+  }
   const int64_t row_bytes = packed_row_bytes(g.in, g.bits), srow = scale_row_bytes_of(g);
   const int64_t groups = g.in / gs;
   const size_t smem = kBarBytes + 2 * size_t((kMmaTileRows * (row_bytes + 2 * srow) + 15) / 16 * 16) +
@@ -269,7 +273,12 @@ bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
   if (smem > size_t(ctx.max_smem_optin)) return false;
   const dim3 grid{unsigned(d.out / kMmaTileRows)};
   dispatch(d, [&]<int BITS, int GS, typename ST>() {
-    launch_bulk(ctx, fused_down_bulk_mma_kernel<BITS, GS, ST>, grid, smem, a);
+    constexpr int kR = kRot<BITS, GS>;
+    if constexpr (kR > 1) {
+      if (a.rotate && groups % kR == 0)
+        return launch_bulk(ctx, fused_down_bulk_mma_kernel<BITS, GS, ST, true>, grid, smem, a);
+    }
+    launch_bulk(ctx, fused_down_bulk_mma_kernel<BITS, GS, ST, false>, grid, smem, a);
   });
   return true;
 }
