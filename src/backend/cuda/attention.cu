@@ -242,7 +242,9 @@ __global__ void __launch_bounds__(kFusedThreads)
                                   int64_t capacity, float* kc, float* vc, float scale, int window, float* out,
                                   int prefetch_rows) {
   __shared__ float red[2][32];
-  __shared__ float hq[kMaxHeadDim], hk[kMaxHeadDim], hv[kMaxHeadDim];
+  // hq, hk: the normalized head; rq, rk: rotated (apart, so that no barrier has to separate reading the first from
+  // writing the second); hv: this step's v row.
+  __shared__ float hq[kMaxHeadDim], hk[kMaxHeadDim], rq[kMaxHeadDim], rk[kMaxHeadDim], hv[kMaxHeadDim];
   if (step_pos) pos0 = *step_pos;
   const int h = blockIdx.x, g = h / (n_heads / n_kv_heads);
   const int u = threadIdx.x, warp = u >> 5, lane = u & 31;
@@ -298,30 +300,26 @@ __global__ void __launch_bounds__(kFusedThreads)
     }
   }
   __syncthreads();
-  float oq = 0.0f, ok = 0.0f;
-  if (mine) {
-    oq = u < 2 * half ? rope_rotate(hq, u, half, sn, cs) : hq[u];
-    ok = u < 2 * half ? rope_rotate(hk, u, half, sn, cs) : hk[u];
+  if (mine) {  // the rotated q, and this step's k and v row for attend_rows
+    const float oq = u < 2 * half ? rope_rotate(hq, u, half, sn, cs) : hq[u];
+    const float ok = u < 2 * half ? rope_rotate(hk, u, half, sn, cs) : hk[u];
+    rq[u] = oq;
+    rk[u] = ok;
+    hv[u] = xv;
     if (pos0 >= 0 && pos0 < capacity) {
       kc[pos0 * kv_width + kv_off + u] = ok;
       vc[pos0 * kv_width + kv_off + u] = xv;
     }
-  }
-  __syncthreads();  // every thread has read hq and hk
-  if (mine) {       // the rotated q, and this step's k and v row for attend_rows
-    hq[u] = oq;
-    hk[u] = ok;
-    hv[u] = xv;
   }
   __syncthreads();
   float qv[VPL];
 #pragma unroll
   for (int j = 0; j < VPL; ++j) {
     const int d = lane + 32 * j;
-    qv[j] = d < head_dim ? hq[d] : 0.0f;
+    qv[j] = d < head_dim ? rq[d] : 0.0f;
   }
   probe_mark(1);
-  attend_rows<VPL, kDecodeWarps, kPre>(qv, e, kc, vc, kv_width, kv_off, first, pos0, head_dim, scale, out + q_off, hk,
+  attend_rows<VPL, kDecodeWarps, kPre>(qv, e, kc, vc, kv_width, kv_off, first, pos0, head_dim, scale, out + q_off, rk,
                                        hv);
   probe_mark(3);
 }

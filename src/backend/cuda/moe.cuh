@@ -44,15 +44,11 @@ __device__ __forceinline__ float router_score(uint32_t key) {
 // over all experts in f32 unless topk_softmax (then the raw logits). `l` is read through L2 (__ldcg), so the last
 // block of the kernel that wrote it may call this, or with kShared from this block's shared memory. Also stores
 // their rank keys (router_key) to keys[0..n_experts) (shared memory).
-template <int kPerLane, bool kShared = false>
-__device__ __forceinline__ void warp_router_scores(const float* l, int n_experts, bool topk_softmax,
-                                                   float (&sc)[kPerLane], uint32_t* keys) {
+// warp_router_scores on logits already in registers (sc[i]: expert lane + 32 i, -inf past n_experts).
+template <int kPerLane>
+__device__ __forceinline__ void warp_router_scores_regs(int n_experts, bool topk_softmax, float (&sc)[kPerLane],
+                                                        uint32_t* keys) {
   const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + 32 * i;
-    sc[i] = e < n_experts ? (kShared ? l[e] : __ldcg(l + e)) : -INFINITY;
-  }
   if (!topk_softmax) {
     float mx = -INFINITY;
 #pragma unroll
@@ -74,6 +70,17 @@ __device__ __forceinline__ void warp_router_scores(const float* l, int n_experts
     const int e = lane + 32 * i;
     if (e < n_experts) keys[e] = router_key(sc[i]);
   }
+}
+template <int kPerLane, bool kShared = false>
+__device__ __forceinline__ void warp_router_scores(const float* l, int n_experts, bool topk_softmax,
+                                                   float (&sc)[kPerLane], uint32_t* keys) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    sc[i] = e < n_experts ? (kShared ? l[e] : __ldcg(l + e)) : -INFINITY;
+  }
+  warp_router_scores_regs<kPerLane>(n_experts, topk_softmax, sc, keys);
 }
 
 // The k selected scores (by rank) become the routing weights, by one thread: k values, sequential, in the CPU
@@ -109,16 +116,11 @@ struct RouterRankSmem {
 // it; it starts with a barrier and ends with one unless the selected scores are the weights (no softmax over the
 // selected, no renormalization), which the ranking threads then write themselves. kShared: `l` is in this block's
 // shared memory.
-template <int kPerLane, bool kShared = false>
-__device__ __forceinline__ void block_router_topk_n(const float* l, int n_experts, int k, bool topk_softmax,
-                                                    bool renormalize, int32_t* idx, float* w, RouterRankSmem& sm) {
+// block_router_topk_n's ranking and writes, once sm.key holds every expert's key and the block is synchronized.
+template <int kPerLane>
+__device__ __forceinline__ void block_router_rank(int n_experts, int k, bool topk_softmax, bool renormalize,
+                                                  int32_t* idx, float* w, RouterRankSmem& sm) {
   constexpr int kG = kRankThreads / (32 * kPerLane);  // threads per expert
-  __syncthreads();                                    // sm may still be read by a previous call
-  if (threadIdx.x < 32) {
-    float sc[kPerLane];
-    warp_router_scores<kPerLane, kShared>(l, n_experts, topk_softmax, sc, sm.key);
-  }
-  __syncthreads();
   const int e = threadIdx.x / kG, part = threadIdx.x % kG;
   const uint32_t mine = e < n_experts ? sm.key[e] : 0u;
   const float v = router_score(mine);
@@ -149,6 +151,17 @@ __device__ __forceinline__ void block_router_topk_n(const float* l, int n_expert
     idx[threadIdx.x] = sm.sel_i[threadIdx.x];
     w[threadIdx.x] = sm.sel_w[threadIdx.x];
   }
+}
+template <int kPerLane, bool kShared = false>
+__device__ __forceinline__ void block_router_topk_n(const float* l, int n_experts, int k, bool topk_softmax,
+                                                    bool renormalize, int32_t* idx, float* w, RouterRankSmem& sm) {
+  __syncthreads();  // sm may still be read by a previous call
+  if (threadIdx.x < 32) {
+    float sc[kPerLane];
+    warp_router_scores<kPerLane, kShared>(l, n_experts, topk_softmax, sc, sm.key);
+  }
+  __syncthreads();
+  block_router_rank<kPerLane>(n_experts, k, topk_softmax, renormalize, idx, w, sm);
 }
 
 __device__ __forceinline__ void block_router_topk(const float* l, int n_experts, int k, bool topk_softmax,

@@ -27,7 +27,6 @@ __global__ void __launch_bounds__(kRankThreads) router_reduce_topk_kernel(Router
   __shared__ RouterRankSmem rank;
   __shared__ float red[32];
   __shared__ float sums[kRankThreads];
-  __shared__ float logit[32 * kPerLane];
   __shared__ uint64_t bar;
   const int64_t t = blockIdx.x, d = kExact ? int64_t(kYRegs) * kRankThreads : r.d;
   const int tid = threadIdx.x, n_e = kExact ? 32 * kPerLane : r.n_experts;
@@ -100,12 +99,20 @@ __global__ void __launch_bounds__(kRankThreads) router_reduce_topk_kernel(Router
   ss = block_sum(ss, red);  // ends with the block synchronized: sums is complete
   probe_mark(1);
   const float inv = 1.0f / sqrtf(ss / float(d) + r.eps);
-  if (tid < n_e) {
-    float l = 0.0f;
+  if (tid < 32) {  // warp 0: the logits of experts lane + 32 i, straight into the top-k's scores (no barrier between)
+    float sc[kPerLane];
 #pragma unroll
-    for (int j = 0; j < n_q; ++j) l += sums[j * n_e + tid];
-    logit[tid] = l * inv;  // the top-k below reads them after its first barrier
-    r.logits[t * n_e + tid] = l * inv;
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = tid + 32 * i;
+      float l = 0.0f;
+      if (e < n_e) {
+#pragma unroll
+        for (int j = 0; j < n_q; ++j) l += sums[j * n_e + e];
+        r.logits[t * n_e + e] = l * inv;
+      }
+      sc[i] = e < n_e ? l * inv : -INFINITY;
+    }
+    warp_router_scores_regs<kPerLane>(n_e, r.topk_softmax, sc, rank.key);
   }
 #pragma unroll
   for (int j = 0; j < kYRegs; ++j) {
@@ -116,8 +123,8 @@ __global__ void __launch_bounds__(kRankThreads) router_reduce_topk_kernel(Router
     r.xn[t * d + i] = ys[i] * inv * load_float(r.norm_w, r.norm_type, i);
   }
   probe_mark(2);
-  block_router_topk_n<kPerLane, true>(logit, n_e, r.k, r.topk_softmax, r.renormalize, r.indices + t * r.k,
-                                      r.weights + t * r.k, rank);
+  __syncthreads();  // every key is in rank.key
+  block_router_rank<kPerLane>(n_e, r.k, r.topk_softmax, r.renormalize, r.indices + t * r.k, r.weights + t * r.k, rank);
   probe_mark(3);
 }
 
