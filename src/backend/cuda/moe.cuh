@@ -40,10 +40,6 @@ __device__ __forceinline__ float router_score(uint32_t key) {
   return key == 0u ? __int_as_float(0x7fc00000) : __uint_as_float((key & 0x80000000u) ? key & 0x7fffffffu : ~key);
 }
 
-// The scores of one token by one warp: lane + 32 i holds expert lane + 32 i (n_experts <= 32 * kPerLane); softmax
-// over all experts in f32 unless topk_softmax (then the raw logits). `l` is read through L2 (__ldcg), so the last
-// block of the kernel that wrote it may call this, or with kShared from this block's shared memory. Also stores
-// their rank keys (router_key) to keys[0..n_experts) (shared memory).
 // warp_router_scores on logits already in registers (sc[i]: expert lane + 32 i, -inf past n_experts).
 template <int kPerLane>
 __device__ __forceinline__ void warp_router_scores_regs(int n_experts, bool topk_softmax, float (&sc)[kPerLane],
@@ -71,6 +67,11 @@ __device__ __forceinline__ void warp_router_scores_regs(int n_experts, bool topk
     if (e < n_experts) keys[e] = router_key(sc[i]);
   }
 }
+
+// The scores of one token by one warp: lane + 32 i holds expert lane + 32 i (n_experts <= 32 * kPerLane); softmax
+// over all experts in f32 unless topk_softmax (then the raw logits). `l` is read through L2 (__ldcg), so the last
+// block of the kernel that wrote it may call this, or with kShared from this block's shared memory. Also stores
+// their rank keys (router_key) to keys[0..n_experts) (shared memory).
 template <int kPerLane, bool kShared = false>
 __device__ __forceinline__ void warp_router_scores(const float* l, int n_experts, bool topk_softmax,
                                                    float (&sc)[kPerLane], uint32_t* keys) {
@@ -108,14 +109,6 @@ struct RouterRankSmem {
   int sel_i[32];
 };
 
-// Router top-k of one token by a kRankThreads-thread block, up to 32 * kPerLane <= 256 experts and k <= 32: warp 0
-// computes the scores (warp_router_scores); then every thread ranks its expert against a share of the others
-// (kRankThreads / (32 * kPerLane) threads per expert, partial counts added by shuffles), so OLMoE's 64 x 64
-// comparisons take 16 steps per thread instead of 128 in one warp (the one-warp version cost ~9 us of each decode
-// layer as a kernel of its own: one warp's dependent instructions, not the work). Every thread of the block calls
-// it; it starts with a barrier and ends with one unless the selected scores are the weights (no softmax over the
-// selected, no renormalization), which the ranking threads then write themselves. kShared: `l` is in this block's
-// shared memory.
 // block_router_topk_n's ranking and writes, once sm.key holds every expert's key and the block is synchronized.
 template <int kPerLane>
 __device__ __forceinline__ void block_router_rank(int n_experts, int k, bool topk_softmax, bool renormalize,
@@ -152,6 +145,15 @@ __device__ __forceinline__ void block_router_rank(int n_experts, int k, bool top
     w[threadIdx.x] = sm.sel_w[threadIdx.x];
   }
 }
+
+// Router top-k of one token by a kRankThreads-thread block, up to 32 * kPerLane <= 256 experts and k <= 32: warp 0
+// computes the scores (warp_router_scores); then every thread ranks its expert against a share of the others
+// (kRankThreads / (32 * kPerLane) threads per expert, partial counts added by shuffles), so OLMoE's 64 x 64
+// comparisons take 16 steps per thread instead of 128 in one warp (the one-warp version cost ~9 us of each decode
+// layer as a kernel of its own: one warp's dependent instructions, not the work). Every thread of the block calls
+// it; it starts with a barrier and ends with one unless the selected scores are the weights (no softmax over the
+// selected, no renormalization), which the ranking threads then write themselves. kShared: `l` is in this block's
+// shared memory.
 template <int kPerLane, bool kShared = false>
 __device__ __forceinline__ void block_router_topk_n(const float* l, int n_experts, int k, bool topk_softmax,
                                                     bool renormalize, int32_t* idx, float* w, RouterRankSmem& sm) {
