@@ -70,16 +70,16 @@ __device__ __forceinline__ void warp_router_scores_regs(int n_experts, bool topk
 
 // The scores of one token by one warp: lane + 32 i holds expert lane + 32 i (n_experts <= 32 * kPerLane); softmax
 // over all experts in f32 unless topk_softmax (then the raw logits). `l` is read through L2 (__ldcg), so the last
-// block of the kernel that wrote it may call this, or with kShared from this block's shared memory. Also stores
-// their rank keys (router_key) to keys[0..n_experts) (shared memory).
-template <int kPerLane, bool kShared = false>
+// block of the kernel that wrote it may call this. Also stores their rank keys (router_key) to keys[0..n_experts)
+// (shared memory).
+template <int kPerLane>
 __device__ __forceinline__ void warp_router_scores(const float* l, int n_experts, bool topk_softmax,
                                                    float (&sc)[kPerLane], uint32_t* keys) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
-    sc[i] = e < n_experts ? (kShared ? l[e] : __ldcg(l + e)) : -INFINITY;
+    sc[i] = e < n_experts ? __ldcg(l + e) : -INFINITY;
   }
   warp_router_scores_regs<kPerLane>(n_experts, topk_softmax, sc, keys);
 }
@@ -152,15 +152,14 @@ __device__ __forceinline__ void block_router_rank(int n_experts, int k, bool top
 // comparisons take 16 steps per thread instead of 128 in one warp (the one-warp version cost ~9 us of each decode
 // layer as a kernel of its own: one warp's dependent instructions, not the work). Every thread of the block calls
 // it; it starts with a barrier and ends with one unless the selected scores are the weights (no softmax over the
-// selected, no renormalization), which the ranking threads then write themselves. kShared: `l` is in this block's
-// shared memory.
-template <int kPerLane, bool kShared = false>
+// selected, no renormalization), which the ranking threads then write themselves.
+template <int kPerLane>
 __device__ __forceinline__ void block_router_topk_n(const float* l, int n_experts, int k, bool topk_softmax,
                                                     bool renormalize, int32_t* idx, float* w, RouterRankSmem& sm) {
   __syncthreads();  // sm may still be read by a previous call
   if (threadIdx.x < 32) {
     float sc[kPerLane];
-    warp_router_scores<kPerLane, kShared>(l, n_experts, topk_softmax, sc, sm.key);
+    warp_router_scores<kPerLane>(l, n_experts, topk_softmax, sc, sm.key);
   }
   __syncthreads();
   block_router_rank<kPerLane>(n_experts, k, topk_softmax, renormalize, idx, w, sm);
