@@ -133,9 +133,12 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_kernel(GemvArgs a) {
     gemv::pair_expert(a, pt, p, rpw);
     return;
   }
-  stage_chunks(gemv::pair_x(a, in, p), in, xs);
-  __syncthreads();
-  if constexpr (!GATHER) gemv::normalize_staged(a, in, p, xs, nw);
+  if constexpr (GATHER) {
+    stage_chunks(gemv::pair_x(a, in, p), in, xs);
+    __syncthreads();
+  } else {
+    gemv::stage_normalized(a, in, p, gemv::pair_x(a, in, p), xs, nw);
+  }
   stage_xsums(xs, n_chunks);
   __syncthreads();
   probe_mark(0);

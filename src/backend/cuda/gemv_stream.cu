@@ -39,9 +39,12 @@ __device__ __forceinline__ void stream_prologue(const GemvArgs& a, int slots, in
   float nw[gemv::kNormRegs];
   gemv::convert_norm(a, nraw, nw);
   pdl_enter();
-  stage_chunks(a.x, in, xs);
-  __syncthreads();
-  if (a.f.norm_w) gemv::normalize_staged(a, in, 0, xs, nw);
+  if (a.f.norm_w) {
+    gemv::stage_normalized(a, in, 0, a.x, xs, nw);
+  } else {
+    stage_chunks(a.x, in, xs);
+    __syncthreads();
+  }
 }
 
 // The argmax tail (ArgmaxTail): every thread passes the best (value, index) of the outputs it wrote (index -1:
