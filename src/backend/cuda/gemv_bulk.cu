@@ -52,7 +52,7 @@ __device__ __forceinline__ void issue_pending(const PendingCopy* p, unsigned cha
   mbar_arrive_expect(bar, total);
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    if (c[i].bytes > 0) bulk_copy(smem + c[i].dst, c[i].src, c[i].bytes, bar);
+    if (c[i].bytes > 0) bulk_copy_once(smem + c[i].dst, c[i].src, c[i].bytes, bar);
   }
 }
 
