@@ -97,8 +97,9 @@ __device__ __forceinline__ void tile_rows_dot(const RowTile<BITS, ST>& tile, con
 template <int BITS, typename ST>
 __device__ void issue_rows(const WeightView& w, int64_t row, int n, const RowTile<BITS, ST>& tile, uint64_t* bar,
                            int first = 0) {
-  row_copies(w, row, n, tile, first,
-             [&](const unsigned char* src, unsigned char* dst, unsigned bytes) { bulk_copy_once(dst, src, bytes, bar); });
+  row_copies(w, row, n, tile, first, [&](const unsigned char* src, unsigned char* dst, unsigned bytes) {
+    bulk_copy_once(dst, src, bytes, bar);
+  });
 }
 
 // Whether a matrix's rows can be bulk-copied: 4 or 8 bits (packed rows a multiple of 16 bytes), 16-byte aligned
