@@ -86,11 +86,18 @@ TEST_P(FusedMoeCuda, MatchesReferenceGatherAndIsDeterministic) {
   EXPECT_LE(test::normalized_rms(tc, ref), 5e-4);
   EXPECT_LE(test::normalized_rms(tc, gather), 1e-5) << "tensor-core fused and gather paths differ beyond f32 rounding";
   EXPECT_EQ(tc, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2")) << "tensor-core rerun differs";
+  // The bf16 operand instead of the int8 one (bulk_imma.cuh: x as 31-bit fixed point, exact integer products).
+  const std::vector<float> bf = run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2 MOECEL_CUDA_FUSED_IMMA=0");
+  EXPECT_LE(test::normalized_rms(bf, ref), 5e-4);
+  EXPECT_LE(test::normalized_rms(bf, tc), 1e-5) << "int8 and bf16 operands differ beyond f32 rounding";
   // Without the rotated group loads (tile_groups_mma): kernel B's sums are the same, kernel A's warps add other groups.
-  const std::vector<float> tc0 = run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2 MOECEL_CUDA_FUSED_ROTATE=0");
+  const std::vector<float> tc0 =
+      run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2 MOECEL_CUDA_FUSED_IMMA=0 MOECEL_CUDA_FUSED_ROTATE=0");
   EXPECT_LE(test::normalized_rms(tc0, ref), 5e-4);
   // (4-bit codes enter the MMAs as 128 + q, so a group's f32 sums round ~16x coarser than centered codes' would.)
-  EXPECT_LE(test::normalized_rms(tc0, tc), 1e-5) << "rotated and plain group loads differ beyond f32 rounding";
+  EXPECT_LE(test::normalized_rms(tc0, bf), 1e-5) << "rotated and plain group loads differ beyond f32 rounding";
+  // Kernels A and B with only the shared memory they use (more blocks per SM): the same sums.
+  EXPECT_EQ(tc, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2 MOECEL_CUDA_FUSED_SMEM_FILL=0")) << "no SM fill";
   // Kernel A without its L2 requests of kernel B's rows: the same sums.
   EXPECT_EQ(tc, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2 MOECEL_CUDA_FUSED_L2_DOWN=0")) << "no L2 requests";
   // Kernels A and B on CUDA cores, in every launch width and variant, are the gather path bit for bit.
@@ -140,6 +147,22 @@ TEST_F(FusedMoeCuda, BadExpertIndexRaisesOnSync) {
         EXPECT_NE(std::string(e.what()).find("expert"), std::string::npos) << e.what();
       }
     }
+  }
+}
+
+// The int8 operand scales the vector by a power of two from its largest value (bulk_imma.cuh): vectors far from 1 and
+// one with an outlier 1000x the rest agree with the gather path to f32 rounding.
+TEST_F(FusedMoeCuda, Int8OperandKeepsWideRangeVectors) {
+  const Case c{4, 4, 64, 16, 2048, 1024, 8, Activation::kSiLU, DType::kBF16};
+  for (const float scale : {1e-12f, 1.0f, 1e12f}) {
+    Problem p = test::make_moe_problem(c, 29);
+    for (float& v : p.x) v *= scale;
+    p.x[5] *= 1000.0f;
+    const std::vector<float> gather = run_cuda(p, c.act, false);
+    const std::vector<float> i8 = run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2");
+    for (float v : i8) ASSERT_TRUE(std::isfinite(v)) << "scale " << scale;
+    EXPECT_LE(test::normalized_rms(i8, gather), 1e-5) << "scale " << scale;
+    EXPECT_LE(test::normalized_rms(i8, test::moe_reference(p, c.act)), 5e-4) << "scale " << scale;
   }
 }
 

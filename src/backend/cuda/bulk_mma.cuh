@@ -69,18 +69,19 @@ __device__ __forceinline__ void fold_group(const RowTile<BITS, ST>& tile, int64_
   fold_sb<BITS>(tile.scale(gid, gl), tile.bias(gid, gl), tile.scale(gid + 8, gl), tile.bias(gid + 8, gl), xs, d, acc);
 }
 
-// Groups gl0 .. gl0 + R - 1 of a 16-row tile, each exactly as tile_group_mma computes it and folded in order into acc
-// (fold_sb; xsum: the staged vector's group sums from group g0, bp as in tile_group_mma). In load round i the lanes of
-// row gid read group (i + gid) % R, so the 8 rows spread over R times as many banks; the words are then rotated back
-// (log2(R) rounds of selects) so that w[i] holds group i. The R groups' scales and biases of a row are R consecutive
-// values, loaded at once where they fill whole words (aligned: the callers' rows hold a multiple of R groups).
+// Words per lane of one row's group: the lane's GS / 4 values (lds_words of kGroupBytes / 4 bytes).
+template <int BITS, int GS>
+constexpr int kLaneWords = GS / 32 * BITS / 4;
+
+// The lane's words of groups gl0 .. gl0 + R - 1 of rows gid and gid + 8 of a tile, w[i] holding group gl0 + i. In load
+// round i the lanes of row gid read group (i + gid) % R, so the 8 rows spread over R times as many banks; the words are
+// then rotated back (log2(R) rounds of selects).
 template <int BITS, int GS, typename ST, int R>
-__device__ __forceinline__ void tile_groups_mma(const RowTile<BITS, ST>& tile, int gl0, const unsigned char* bp, int g0,
-                                                const float* xsum, int gid, int t, float (&acc)[2]) {
-  constexpr int kGroupBytes = GS * BITS / 8, kWords = GS / 32 * BITS / 4;
+__device__ __forceinline__ void load_groups_rotated(const RowTile<BITS, ST>& tile, int gl0, int gid, int t,
+                                                    uint32_t (&w)[R][2][kLaneWords<BITS, GS>]) {
+  constexpr int kGroupBytes = GS * BITS / 8, kWords = kLaneWords<BITS, GS>;
   static_assert((R & (R - 1)) == 0 && R <= 8, "R: a power of two up to 8");
   const int s = gid & (R - 1), row_bytes = int(tile.row_bytes);  // 32-bit offsets: kernel A has 64 registers
-  uint32_t w[R][2][kWords];                                      // [round or group][row gid, gid + 8]
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const int gl = gl0 + ((i + s) & (R - 1));
@@ -110,30 +111,55 @@ __device__ __forceinline__ void tile_groups_mma(const RowTile<BITS, ST>& tile, i
       }
     }
   }
-  constexpr int kSpan = R * int(sizeof(ST));  // bytes of a row's R scales
-  constexpr bool kVec = kSpan % 4 == 0;
-  constexpr int kN = kVec ? kSpan / 4 : 1;
-  uint32_t sc[2][kN], bi[2][kN];  // rows gid, gid + 8
-  if constexpr (kVec) {
-    const int srow = int(tile.srow_bytes), n_rows = tile.n_rows;
+}
+
+// The scales and biases of groups gl0 .. gl0 + R - 1 of rows gid (h = 0) and gid + 8 (h = 1): a row's R values are
+// consecutive, loaded at once where they fill whole words (aligned: the callers' rows hold a multiple of R groups).
+template <int BITS, typename ST, int R>
+struct GroupScales {
+  static constexpr bool kVec = R * int(sizeof(ST)) % 4 == 0;
+  static constexpr int kN = kVec ? R * int(sizeof(ST)) / 4 : 1;
+  const RowTile<BITS, ST>& tile;
+  int gl0, gid;
+  uint32_t sc[2][kN], bi[2][kN];
+  __device__ __forceinline__ GroupScales(const RowTile<BITS, ST>& tl, int gl0_, int gid_)
+      : tile(tl), gl0(gl0_), gid(gid_) {
+    if constexpr (kVec) {
+      const int srow = int(tile.srow_bytes), n_rows = tile.n_rows;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const unsigned char* p = tile.base + n_rows * row_bytes + (gid + 8 * h) * srow + gl0 * int(sizeof(ST));
-      lds_words(p, sc[h]);
-      lds_words(p + n_rows * srow, bi[h]);
+      for (int h = 0; h < 2; ++h) {
+        const unsigned char* p =
+            tile.base + n_rows * int(tile.row_bytes) + (gid + 8 * h) * srow + gl0 * int(sizeof(ST));
+        lds_words(p, sc[h]);
+        lds_words(p + n_rows * srow, bi[h]);
+      }
     }
   }
+  __device__ __forceinline__ float scale(int h, int i) const {
+    if constexpr (kVec) return packed_at<ST>(sc[h], i);
+    return tile.scale(gid + 8 * h, gl0 + i);
+  }
+  __device__ __forceinline__ float bias(int h, int i) const {
+    if constexpr (kVec) return packed_at<ST>(bi[h], i);
+    return tile.bias(gid + 8 * h, gl0 + i);
+  }
+};
+
+// Groups gl0 .. gl0 + R - 1 of a 16-row tile, each exactly as tile_group_mma computes it and folded in order into acc
+// (fold_sb; xsum: the staged vector's group sums from group g0, bp as in tile_group_mma), the words loaded without
+// bank conflicts (load_groups_rotated).
+template <int BITS, int GS, typename ST, int R>
+__device__ __forceinline__ void tile_groups_mma(const RowTile<BITS, ST>& tile, int gl0, const unsigned char* bp, int g0,
+                                                const float* xsum, int gid, int t, float (&acc)[2]) {
+  uint32_t w[R][2][kLaneWords<BITS, GS>];  // [group][row gid, gid + 8]
+  load_groups_rotated<BITS, GS, ST, R>(tile, gl0, gid, t, w);
+  const GroupScales<BITS, ST, R> sb(tile, gl0, gid);
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     group_words_mma<BITS, GS>(w[i][0], w[i][1], bp, g0 + i, gid, d);
     const float xs = t == 0 ? xsum[g0 + i] : 0.0f;
-    if constexpr (kVec) {
-      fold_sb<BITS>(packed_at<ST>(sc[0], i), packed_at<ST>(bi[0], i), packed_at<ST>(sc[1], i), packed_at<ST>(bi[1], i),
-                    xs, d, acc);
-    } else {
-      fold_group(tile, gl0 + i, xs, gid, d, acc);
-    }
+    fold_sb<BITS>(sb.scale(0, i), sb.bias(0, i), sb.scale(1, i), sb.bias(1, i), xs, d, acc);
   }
 }
 

@@ -139,6 +139,8 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
                device, prop.name, prop.major, prop.minor);
   impl_->ctx.sm_count = prop.multiProcessorCount;
   impl_->ctx.max_smem_optin = int(prop.sharedMemPerBlockOptin);
+  impl_->ctx.smem_per_sm = int(prop.sharedMemPerMultiprocessor);
+  impl_->ctx.smem_reserved = int(prop.reservedSharedMemPerBlock);
   CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->ctx.stream, cudaStreamNonBlocking));
   CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&impl_->flag_host), cuda::kDeviceErrorWords * sizeof(unsigned),
                            cudaHostAllocMapped));

@@ -64,6 +64,8 @@ void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& g
   a.mma = im.ctx.decode_mma == 1 ? 0 : im.fused_mma;
   a.l2_down = im.fused_l2_down;
   a.rotate = im.fused_rotate;
+  a.imma = im.fused_imma;
+  a.smem_fill = im.fused_smem_fill;
   cuda::launch_fused_moe(im.ctx, a);
 }
 

@@ -76,6 +76,10 @@ struct CudaBackend::Impl {
   bool fused_l2_down = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_L2_DOWN", 1, {0, 1}) == 1;
   // The tensor-core kernels' conflict-free group loads (FusedMoeArgs::rotate; MOECEL_CUDA_FUSED_ROTATE).
   bool fused_rotate = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_ROTATE", 1, {0, 1}) == 1;
+  // The tensor-core kernels' int8 operand (FusedMoeArgs::imma; MOECEL_CUDA_FUSED_IMMA).
+  bool fused_imma = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_IMMA", 1, {0, 1}) == 1;
+  // Kernels A and B sized to their blocks per SM (FusedMoeArgs::smem_fill; MOECEL_CUDA_FUSED_SMEM_FILL).
+  bool fused_smem_fill = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_SMEM_FILL", 1, {0, 1}) == 1;
   std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();
   unsigned* flag_host = nullptr;    // mapped pinned words the kernels raise DeviceError bits in (one per bit)
   int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)

@@ -39,6 +39,8 @@ struct Ctx {
   unsigned* error_flag = nullptr;  // device pointer to kDeviceErrorWords mapped, pinned host words (see DeviceError)
   int sm_count = 0;
   int max_smem_optin = 48 * 1024;  // bytes of dynamic shared memory one block may opt into
+  int smem_per_sm = 0;  // bytes of shared memory of one SM, and what each resident block takes beyond its own
+  int smem_reserved = 0;
   // Set while a decode graph is recorded: rope, kv_store and attention read their pos0 from this device word
   // (written before each replay) instead of the value passed at record time.
   const int64_t* step_pos = nullptr;

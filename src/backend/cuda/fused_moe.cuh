@@ -41,6 +41,15 @@ struct FusedMoeArgs {
   // The tensor-core kernels load R consecutive groups of a tile at once, each row at its own offset (tile_groups_mma:
   // no bank conflicts); kernel A's warps then take consecutive groups (its sums in another order).
   bool rotate = true;
+  // The tensor-core kernels multiply the raw codes by the vector as fixed point on int8 tensor cores (bulk_imma.cuh)
+  // where that applies, instead of by three bf16 terms.
+  bool imma = true;
+  // The tensor-core kernels size their shared memory to the blocks per SM they are meant to run: kernel B asks for more
+  // than half of an SM's where its grid fits on the SMs, so that its blocks spread one per SM (with room for two, the
+  // scheduler packed two onto some SMs while others idled: OLMoE's int8 kernel B at 100 KB, 1,934 tok/s; at 116 KB or
+  // more, 2,073), and kernel A for a quarter, so that its four blocks leave no room for another kernel's (49 KB: 2,074;
+  // 50.6 KB or more: 2,110). docs/benchmarks.md, thirtieth tree.
+  bool smem_fill = true;
 };
 
 // Launches kernels A and B. Preconditions (checked): gate/up bits equal and in {4, 8}; down bits in {4, 6, 8};

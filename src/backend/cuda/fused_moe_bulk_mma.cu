@@ -4,7 +4,11 @@
 // fmas). The CUDA-core loops spent ~3.5 instructions per weight and were issue-bound (kernel A) or latency-bound
 // (kernel B) once their rows had landed; here unpacking costs ~1.5 per weight per lane group and the MMAs do the
 // multiply-adds. Results agree with the CUDA-core kernels (and the gather path) to f32 rounding, not bit for bit.
-#include "backend/cuda/bulk_mma.cuh"
+// By default (FusedMoeArgs::imma) the vector is the int8 operand of bulk_imma.cuh instead: raw codes times fixed-point
+// digits on int8 tensor cores, fewer instructions per weight still.
+#include <algorithm>
+
+#include "backend/cuda/bulk_imma.cuh"
 #include "backend/cuda/fused_moe_bulk.cuh"
 #include "backend/cuda/fused_moe_dot.cuh"
 #include "backend/cuda/gemv_mma.cuh"
@@ -15,6 +19,18 @@ namespace {
 // Kernel A's blocks per SM the register budget must allow: an OLMoE-sized grid (ffn 1024, 8 experts: 512 blocks)
 // resident at once, as fused_gate_up_bulk_kernel's.
 constexpr int kABlocksPerSm = 4;
+
+// The vector operand and group loop of kernels A and B: bf16 planes one group at a time (tile_group_mma), bf16 planes
+// R groups at a time (tile_groups_mma), or int8 digits R groups at a time (tile_groups_imma, R = kRot, maybe 1).
+enum class Operand { kBf16, kBf16Rot, kInt8 };
+
+// Bytes of shared memory of an n-value vector's operand: its planes, then per group its sum (bf16) or its sum and
+// 2^-S_g (int8; float2, at an 8-byte aligned offset).
+template <Operand OP, int GS>
+constexpr int64_t operand_bytes(int64_t n) {
+  return OP == Operand::kInt8 ? 3 * imma_plane_bytes<GS>(n) + (n / GS) * 8
+                              : 3 * mma_plane_bytes(n) + (n / GS + 3) / 4 * 16;
+}
 
 // Kernel B's vector: the k act rows as one vector of k * ffn values in three bf16 planes (plane stride
 // mma_plane_bytes(k * ffn)) with its group sums, from act in global memory. All of a thread's loads are issued
@@ -51,7 +67,7 @@ __device__ __forceinline__ void stage_act_planes(const float* act, int64_t n, un
 // the block adds the warps' partial sums in warp order. Shared memory: barriers, the gate tile, the up tile, x's three
 // planes, x's group sums, the warps' partial sums. ROT: warp w takes groups [w, w + 1) * groups / kWarps, kRot at a
 // time (tile_groups_mma; groups a multiple of kWarps * kRot), instead of groups w, w + 8, ... one at a time.
-template <int BITS, int GS, typename ST, GluAct ACT, bool ROT>
+template <int BITS, int GS, typename ST, GluAct ACT, Operand OP>
 __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
     fused_gate_up_bulk_mma_kernel(FusedMoeArgs a, unsigned* err) {
   extern __shared__ float4 smem4[];
@@ -61,16 +77,23 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   const int64_t ffn = a.gate.out, hidden = a.gate.in, groups = hidden / GS;
   const int64_t r0 = int64_t(blockIdx.x) * kRows;
   const int64_t row_bytes = packed_row_bytes(hidden, BITS), srow = scale_row_bytes<ST>(hidden, GS);
-  const int64_t tile_bytes = RowTile<BITS, ST>::bytes(kRows, row_bytes, srow), plane = mma_plane_bytes(hidden);
+  constexpr bool kI8 = OP == Operand::kInt8;
+  const int64_t tile_bytes = RowTile<BITS, ST>::bytes(kRows, row_bytes, srow);
+  const int64_t plane = kI8 ? imma_plane_bytes<GS>(hidden) : mma_plane_bytes(hidden);
   auto* bars = reinterpret_cast<uint64_t*>(smem4);
   unsigned char* base = reinterpret_cast<unsigned char*>(smem4) + kBarBytes;
   const RowTile<BITS, ST> tiles[2] = {{base, row_bytes, srow, kRows}, {base + tile_bytes, row_bytes, srow, kRows}};
   unsigned char* planes = base + 2 * tile_bytes;
-  float* xsum = reinterpret_cast<float*>(planes + 3 * plane);
-  float* part = xsum + (groups + 3) / 4 * 4;  // (kWarps, 2 * kRows)
+  float* xsum = reinterpret_cast<float*>(planes + 3 * plane);  // bf16: group sums; int8: (sum, 2^-S) per group
+  auto* xe = reinterpret_cast<float2*>(xsum);
+  float* part = reinterpret_cast<float*>(planes + operand_bytes<OP, GS>(hidden));  // (kWarps, 2 * kRows)
   const bool valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0], true);
-  mma_stage<GS>(
-      hidden, [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, true, v); }, planes, xsum);
+  auto load = [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, true, v); };
+  if constexpr (kI8) {
+    imma_stage<BITS, GS, 1>(hidden, load, planes, xe);
+  } else {
+    mma_stage<GS>(hidden, load, planes, xsum);
+  }
   __syncthreads();
   probe_mark(0);
   if (!valid) {  // uniform over the block; no barrier follows
@@ -78,8 +101,9 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
     if (threadIdx.x < kRows) a.act[j * ffn + r0 + threadIdx.x] = __int_as_float(0x7fc00000);
     return;
   }
-  // Lane (gid, t) loads x's B fragments from plane gid (hi, mid, lo; lanes with gid >= 3 hold zero columns).
-  const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * 16;
+  // Lane (gid, t) loads x's B fragments from plane gid (hi, mid, lo or digits 0-2; the other lanes hold zero columns).
+  const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * (kI8 ? GS / 4 : 16);
+  const float lane_mul = imma_lane_mul(t);
   float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [tile][row gid, row gid + 8]
   // The gate tile as soon as it lands (thread 0 then issues up's copies), then the up tile (thread 0 then requests its
   // share of kernel B's rows into L2): each row's sums in group order.
@@ -89,11 +113,15 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
     probe_mark(1 + m);
     if (m == 0 && threadIdx.x == 0) issue_up(a, j, r0, kRows, tiles[1], &bars[0]);
     if (m == 1 && a.l2_down && threadIdx.x == 0) prefetch_down_share(a, a.indices[j]);
-    if constexpr (ROT) {
+    if constexpr (OP != Operand::kBf16) {
       constexpr int R = kRot<BITS, GS>;
       const int per = int(groups) / kWarps;
       for (int g = warp * per; g < (warp + 1) * per; g += R) {
-        tile_groups_mma<BITS, GS, ST, R>(tiles[m], g, bp, g, xsum, gid, t, acc[m]);
+        if constexpr (kI8) {
+          tile_groups_imma<BITS, GS, ST, R>(tiles[m], g, bp, g, xe, gid, t, lane_mul, acc[m]);
+        } else {
+          tile_groups_mma<BITS, GS, ST, R>(tiles[m], g, bp, g, xsum, gid, t, acc[m]);
+        }
       }
     } else {
 #pragma unroll 2  // the groups' loads and MMAs are independent (only the folds into acc are ordered)
@@ -136,20 +164,23 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
 // (down[e_j][r] . act[j]). Shared memory: barriers, k tiles, the act planes, their group sums, the slots' sums. ROT:
 // whole rounds of kRot groups (groups a multiple of it), else one group at a time: a variant each, so that neither
 // carries the other's loop.
-template <int BITS, int GS, typename ST, bool ROT>
+template <int BITS, int GS, typename ST, Operand OP>
 __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeArgs a, unsigned* err) {
   extern __shared__ float4 smem4[];
   constexpr int kRows = kMmaTileRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, t = lane & 3;
   const int64_t hidden = a.down.out, ffn = a.down.in, groups = ffn / GS, r0 = int64_t(blockIdx.x) * kRows;
   const int64_t row_bytes = packed_row_bytes(ffn, BITS), srow = scale_row_bytes<ST>(ffn, GS);
-  const int64_t tile_bytes = RowTile<BITS, ST>::bytes(kRows, row_bytes, srow), plane = mma_plane_bytes(a.k * ffn);
+  constexpr bool kI8 = OP == Operand::kInt8;
+  const int64_t tile_bytes = RowTile<BITS, ST>::bytes(kRows, row_bytes, srow), n = a.k * ffn;
+  const int64_t plane = kI8 ? imma_plane_bytes<GS>(n) : mma_plane_bytes(n);
   auto* bars = reinterpret_cast<uint64_t*>(smem4);
   unsigned char* base = reinterpret_cast<unsigned char*>(smem4) + kBarBytes;
   auto tile = [&](int sl) { return RowTile<BITS, ST>{base + sl * tile_bytes, row_bytes, srow, kRows}; };
   unsigned char* planes = base + a.k * tile_bytes;
-  float* xsum = reinterpret_cast<float*>(planes + 3 * plane);  // (k * groups)
-  float* part = xsum + (a.k * groups + 3) / 4 * 4;             // (k, kRows)
+  float* xsum = reinterpret_cast<float*>(planes + 3 * plane);  // (k * groups): bf16 sums; int8 (sum, 2^-S) pairs
+  auto* xe = reinterpret_cast<float2*>(xsum);
+  float* part = reinterpret_cast<float*>(planes + operand_bytes<OP, GS>(n));  // (k, kRows)
   __shared__ int32_t experts[kMaxSlots];
   __shared__ float slot_weights[kMaxSlots];
   if (a.b_early) pdl_trigger();
@@ -169,20 +200,31 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
   }
   const float res = a.residual && threadIdx.x < kRows ? __ldcg(a.residual + r0 + threadIdx.x) : 0.0f;
   pdl_enter();
-  stage_act_planes<GS>(a.act, a.k * ffn, planes, xsum);
+  if constexpr (kI8) {
+    const bool vec = (reinterpret_cast<uintptr_t>(a.act) & 15) == 0;
+    auto load = [&](int64_t i, float(&v)[8]) { load8_global(a.act + i, vec, v); };
+    imma_stage<BITS, GS, 4>(n, load, planes, xe);
+  } else {
+    stage_act_planes<GS>(a.act, n, planes, xsum);
+  }
   __syncthreads();
   probe_mark(0);
-  const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * 16;
+  const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * (kI8 ? GS / 4 : 16);
+  const float lane_mul = imma_lane_mul(t);
   for (int sl = warp; sl < a.k; sl += kWarps) {
     if (!valid_expert(experts[sl], a.down.n_stack)) continue;  // its sum is never read
     const RowTile<BITS, ST> tl = tile(sl);
     mbar_wait(&bars[sl], 0);
     if (sl == 0) probe_mark(1);
     float acc[2] = {0.0f, 0.0f};
-    if constexpr (ROT) {  // whole rounds of R groups (aligned scale loads): the same sums in the same order
+    if constexpr (OP != Operand::kBf16) {  // whole rounds of R groups (aligned scale loads): the same sums in order
       constexpr int R = kRot<BITS, GS>;
       for (int64_t gl = 0; gl < groups; gl += R) {
-        tile_groups_mma<BITS, GS, ST, R>(tl, int(gl), bp, int(sl * groups + gl), xsum, gid, t, acc);
+        if constexpr (kI8) {
+          tile_groups_imma<BITS, GS, ST, R>(tl, int(gl), bp, int(sl * groups + gl), xe, gid, t, lane_mul, acc);
+        } else {
+          tile_groups_mma<BITS, GS, ST, R>(tl, int(gl), bp, int(sl * groups + gl), xsum, gid, t, acc);
+        }
       }
     } else {
 #pragma unroll 4  // as kernel A's group loop: several groups' MMA chains in flight per warp
@@ -221,7 +263,8 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
 }  // namespace
 
 // The tensor-core kernel A for 4-/8-bit experts with group size 32, 64 or 128 and ffn a multiple of its 16-row tiles;
-// false (launching nothing) otherwise.
+// false (launching nothing) otherwise. The int8 operand where a.imma and its group loop applies (groups a multiple of
+// kWarps * kRot), else bf16.
 bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
   const WeightView& g = a.gate;
   const int gs = int(g.group_size);
@@ -232,33 +275,49 @@ bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
   }
   const int64_t row_bytes = packed_row_bytes(g.in, g.bits), srow = scale_row_bytes_of(g);
   const int64_t groups = g.in / gs;
-  const size_t smem = kBarBytes + 2 * size_t((kMmaTileRows * (row_bytes + 2 * srow) + 15) / 16 * 16) +
-                      3 * size_t(mma_plane_bytes(g.in)) + size_t((groups + 3) / 4 * 4) * sizeof(float) +
-                      size_t(kWarps) * 2 * kMmaTileRows * sizeof(float);
-  if (smem > size_t(ctx.max_smem_optin)) return false;
   const dim3 grid{unsigned(g.out / kMmaTileRows), unsigned(a.k)};
   const FusedMoeArgs as = with_down_share(a, grid.x);
+  bool launched = false;
   dispatch(g, [&]<int BITS, int GS, typename ST>() {
+    constexpr int kR = kRot<BITS, GS>;
+    const bool whole = groups % (kWarps * kR) == 0;
+    const Operand op = a.imma && whole               ? Operand::kInt8
+                       : kR > 1 && a.rotate && whole ? Operand::kBf16Rot
+                                                     : Operand::kBf16;
+    const int64_t vec =
+        op == Operand::kInt8 ? operand_bytes<Operand::kInt8, GS>(g.in) : operand_bytes<Operand::kBf16, GS>(g.in);
+    const size_t need = kBarBytes + 2 * size_t((kMmaTileRows * (row_bytes + 2 * srow) + 15) / 16 * 16) + size_t(vec) +
+                        size_t(kWarps) * 2 * kMmaTileRows * sizeof(float);
+    size_t smem = need;
+    if (smem > size_t(ctx.max_smem_optin)) return;
+    if (a.smem_fill && ctx.smem_per_sm > 0) {  // kABlocksPerSm blocks fill the SM's shared memory
+      const size_t quarter = size_t(ctx.smem_per_sm) / kABlocksPerSm - size_t(ctx.smem_reserved);
+      if (quarter <= size_t(ctx.max_smem_optin)) smem = std::max(smem, quarter);
+    }
     auto go = [&]<GluAct ACT>() {
-      constexpr int kR = kRot<BITS, GS>;
+      if (op == Operand::kInt8) {
+        return launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, Operand::kInt8>, grid, smem, as);
+      }
       if constexpr (kR > 1) {
-        if (a.rotate && groups % (kWarps * kR) == 0) {
-          return launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, true>, grid, smem, as);
+        if (op == Operand::kBf16Rot) {
+          return launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, Operand::kBf16Rot>, grid, smem, as);
         }
       }
-      launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, false>, grid, smem, as);
+      launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, Operand::kBf16>, grid, smem, as);
     };
     switch (a.glu) {
       case GluAct::kSiLU: go.template operator()<GluAct::kSiLU>(); break;
       case GluAct::kGeLU: go.template operator()<GluAct::kGeLU>(); break;
       case GluAct::kReLU2: go.template operator()<GluAct::kReLU2>(); break;
     }
+    launched = true;
   });
-  return true;
+  return launched;
 }
 
 // The tensor-core kernel B for 4-/8-bit experts with group size 32, 64 or 128, hidden a multiple of its 16-row tiles
-// and up to kMaxSlots selected experts; false (launching nothing) otherwise.
+// and up to kMaxSlots selected experts; false (launching nothing) otherwise. The int8 operand where a.imma and its
+// group loop applies (groups a multiple of kRot), else bf16.
 bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
   const WeightView& d = a.down;
   const int gs = int(d.group_size);
@@ -266,21 +325,37 @@ bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
     return false;
   }
   const int64_t row_bytes = packed_row_bytes(d.in, d.bits), srow = scale_row_bytes_of(d);
-  const int64_t groups = d.in / gs;
-  const size_t smem = kBarBytes + size_t(a.k) * size_t((kMmaTileRows * (row_bytes + 2 * srow) + 15) / 16 * 16) +
-                      3 * size_t(mma_plane_bytes(a.k * d.in)) + size_t((a.k * groups + 3) / 4 * 4) * sizeof(float) +
-                      size_t(a.k) * kMmaTileRows * sizeof(float);
-  if (smem > size_t(ctx.max_smem_optin)) return false;
+  const int64_t groups = d.in / gs, n = a.k * d.in;
   const dim3 grid{unsigned(d.out / kMmaTileRows)};
+  bool launched = false;
   dispatch(d, [&]<int BITS, int GS, typename ST>() {
     constexpr int kR = kRot<BITS, GS>;
-    if constexpr (kR > 1) {
-      if (a.rotate && groups % kR == 0)
-        return launch_bulk(ctx, fused_down_bulk_mma_kernel<BITS, GS, ST, true>, grid, smem, a);
+    const bool whole = groups % kR == 0;
+    const Operand op = a.imma && whole               ? Operand::kInt8
+                       : kR > 1 && a.rotate && whole ? Operand::kBf16Rot
+                                                     : Operand::kBf16;
+    const int64_t vec =
+        op == Operand::kInt8 ? operand_bytes<Operand::kInt8, GS>(n) : operand_bytes<Operand::kBf16, GS>(n);
+    const size_t need = kBarBytes + size_t(a.k) * size_t((kMmaTileRows * (row_bytes + 2 * srow) + 15) / 16 * 16) +
+                        size_t(vec) + size_t(a.k) * kMmaTileRows * sizeof(float);
+    size_t smem = need;
+    if (smem > size_t(ctx.max_smem_optin)) return;
+    if (a.smem_fill && grid.x <= unsigned(ctx.sm_count) && ctx.smem_per_sm > 0) {  // no room for a second block
+      const size_t half = size_t(ctx.smem_per_sm) / 2 - size_t(ctx.smem_reserved) + 16;
+      if (half <= size_t(ctx.max_smem_optin)) smem = std::max(smem, half);
     }
-    launch_bulk(ctx, fused_down_bulk_mma_kernel<BITS, GS, ST, false>, grid, smem, a);
+    launched = true;
+    if (op == Operand::kInt8) {
+      return launch_bulk(ctx, fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kInt8>, grid, smem, a);
+    }
+    if constexpr (kR > 1) {
+      if (op == Operand::kBf16Rot) {
+        return launch_bulk(ctx, fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kBf16Rot>, grid, smem, a);
+      }
+    }
+    launch_bulk(ctx, fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kBf16>, grid, smem, a);
   });
-  return true;
+  return launched;
 }
 
 }  // namespace moecel::cuda::bulk

@@ -55,6 +55,15 @@ __device__ __forceinline__ void mma_f16_zero(float* d, const uint32_t (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
+// D += A * B, m16n8k32, unsigned 8-bit A, signed 8-bit B, s32 accumulators. Fragments: lane (gid, t) holds A bytes
+// k = 4t .. 4t + 3 of rows gid (a[0]) and gid + 8 (a[1]), then k + 16 (a[2], a[3]); B bytes k = 4t .. 4t + 3 (b0) and
+// k + 16 (b1) of column gid; D as mma_bf16's.
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
   uint32_t u;
   memcpy(&u, &v, 4);
