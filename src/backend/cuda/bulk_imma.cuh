@@ -72,13 +72,7 @@ __device__ __forceinline__ void imma_stage(int64_t n, Load8 load8, unsigned char
   const int64_t n_oct = n / 8, plane = imma_plane_bytes<GS>(n);
   for (int64_t o0 = 0; o0 < n_oct; o0 += int64_t(kThreads) * kOct) {  // uniform trip count: shuffles need every lane
     float v[kOct][8];
-#pragma unroll
-    for (int u = 0; u < kOct; ++u) {
-      const int64_t o = o0 + u * kThreads + threadIdx.x;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[u][i] = 0.0f;
-      if (o < n_oct) load8(o * 8, v[u]);
-    }
+    load_octets<kOct>(o0, n_oct, load8, v);
 #pragma unroll
     for (int u = 0; u < kOct; ++u) {
       const int64_t o = o0 + u * kThreads + threadIdx.x;

@@ -116,6 +116,20 @@ inline int64_t scale_row_bytes_of(const WeightView& w) {
   return (w.in / w.group_size) * (w.stype == FloatType::kF32 ? 4 : 2);
 }
 
+// Octets o0 + u * kThreads + threadIdx.x (u < kOct) of an n_oct-octet vector into v[u], zeros past its end, all loads
+// issued before any is used (load8(i, v) reads values i .. i + 7): a loop of load-then-store steps is a chain of L2
+// round trips.
+template <int kOct, class Load8>
+__device__ __forceinline__ void load_octets(int64_t o0, int64_t n_oct, Load8 load8, float (&v)[kOct][8]) {
+#pragma unroll
+  for (int u = 0; u < kOct; ++u) {
+    const int64_t o = o0 + u * kThreads + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[u][i] = 0.0f;
+    if (o < n_oct) load8(o * 8, v[u]);
+  }
+}
+
 inline size_t staged_floats_bytes(int64_t n) {
   return size_t(n / kChunk) * kChunkPad * sizeof(float);
 }

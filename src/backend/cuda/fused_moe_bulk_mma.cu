@@ -42,13 +42,8 @@ __device__ __forceinline__ void stage_act_planes(const float* act, int64_t n, un
   const bool vec = (reinterpret_cast<uintptr_t>(act) & 15) == 0;
   for (int64_t o0 = 0; o0 < n_oct; o0 += int64_t(kThreads) * kOct) {  // uniform trip count: shuffles need every lane
     float v[kOct][8];
-#pragma unroll
-    for (int u = 0; u < kOct; ++u) {
-      const int64_t o = o0 + u * kThreads + threadIdx.x;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[u][i] = 0.0f;
-      if (o < n_oct) load8_global(act + o * 8, vec, v[u]);
-    }
+    load_octets<kOct>(
+        o0, n_oct, [&](int64_t i, float(&w)[8]) { load8_global(act + i, vec, w); }, v);
 #pragma unroll
     for (int u = 0; u < kOct; ++u) {
       const int64_t o = o0 + u * kThreads + threadIdx.x;
