@@ -386,5 +386,19 @@ int resident_per_sm(Kernel kernel, int threads, size_t smem) {
   return known[key];
 }
 
+// `kernel`'s static shared memory in bytes (asked once per kernel): a request sized to fill an SM with N blocks must
+// leave it room, or N - 1 fit (the probe build's 8 bytes cost kernel A a quarter of its resident blocks so).
+template <class Kernel>
+size_t static_smem_bytes(Kernel kernel) {
+  static std::mutex mu;
+  static std::map<const void*, size_t> known;
+  const void* key = reinterpret_cast<const void*>(kernel);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  cudaFuncAttributes fa{};
+  CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+  return known[key] = fa.sharedSizeBytes;
+}
+
 }  // namespace moecel::cuda
 #endif  // __CUDACC__

@@ -39,7 +39,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks(RPW)) fused_gate_up_bulk_
   unsigned char* base = reinterpret_cast<unsigned char*>(smem4) + kBarBytes;
   const RowTile<BITS, ST> gt{base, row_bytes, srow, n_rows}, ut{base + tile_bytes, row_bytes, srow, n_rows};
   float* xs = reinterpret_cast<float*>(base + 2 * RowTile<BITS, ST>::bytes(kRows, row_bytes, srow));
-  const bool valid = gate_up_prologue(a, j, r0, n_rows, gt, ut, &bars[0]);
+  int32_t e;
+  const bool valid = gate_up_prologue(a, j, r0, n_rows, gt, ut, &bars[0], e);
   stage_chunks(a.x, hidden, xs);
   __syncthreads();
   stage_xsums(xs, n_chunks);

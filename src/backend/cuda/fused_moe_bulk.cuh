@@ -169,15 +169,16 @@ __device__ __forceinline__ void prefetch_down_share(const FusedMoeArgs& a, int32
 // Kernel A's start: initializes the block's barriers, waits for the kernels before (the indices and x come from
 // them), reads slot j's expert and has thread 0 issue the copies of its n gate and up rows from row r0 into gt and
 // ut, all completing on bar[0]; with up_later only gate's, and issue_up issues up's on bar[1] once gate's have landed.
-// Every thread calls it; returns whether the expert index is valid (uniform over the block).
+// Every thread calls it; returns whether the expert index is valid (uniform over the block) and sets `e` to it: kept in
+// a register, so that the later copies need no second load of it (an L2 round trip on warp 0's path to its MMAs).
 template <int BITS, typename ST>
 __device__ __forceinline__ bool gate_up_prologue(const FusedMoeArgs& a, int j, int64_t r0, int n,
                                                  const RowTile<BITS, ST>& gt, const RowTile<BITS, ST>& ut,
-                                                 uint64_t* bar, bool up_later = false) {
+                                                 uint64_t* bar, int32_t& e, bool up_later = false) {
   if (threadIdx.x < 2) mbar_init(bar + threadIdx.x, 1);
   __syncthreads();
   pdl_enter();
-  const int32_t e = a.indices[j];
+  e = a.indices[j];
   const bool valid = e >= 0 && e < a.gate.n_stack;
   if (threadIdx.x == 0 && valid) {
     const unsigned bytes = unsigned(n * (gt.row_bytes + 2 * gt.srow_bytes));
@@ -189,12 +190,12 @@ __device__ __forceinline__ bool gate_up_prologue(const FusedMoeArgs& a, int j, i
   return valid;
 }
 
-// The up rows' copies of gate_up_prologue with up_later (thread 0, once bar[0] has completed).
+// The up rows' copies of gate_up_prologue with up_later (thread 0, once bar[0] has completed; e: its expert).
 template <int BITS, typename ST>
-__device__ __forceinline__ void issue_up(const FusedMoeArgs& a, int j, int64_t r0, int n, const RowTile<BITS, ST>& ut,
-                                         uint64_t* bar) {
+__device__ __forceinline__ void issue_up(const FusedMoeArgs& a, int32_t e, int64_t r0, int n,
+                                         const RowTile<BITS, ST>& ut, uint64_t* bar) {
   mbar_arrive_expect(bar + 1, unsigned(n * (ut.row_bytes + 2 * ut.srow_bytes)));
-  issue_rows(a.up, int64_t(a.indices[j]) * a.up.out + r0, n, ut, bar + 1);
+  issue_rows(a.up, int64_t(e) * a.up.out + r0, n, ut, bar + 1);
 }
 
 // The tensor-core kernels A and B (fused_moe_bulk_mma.cu) where they apply (4-/8-bit weights, group size 32, 64 or

@@ -20,6 +20,22 @@ namespace {
 // resident at once, as fused_gate_up_bulk_kernel's.
 constexpr int kABlocksPerSm = 4;
 
+// FusedMoeArgs::smem_fill. A block takes its dynamic and static shared memory, rounded up to the allocation unit, plus
+// the per-block reservation: kernel B's one unit over half an SM and kernel A's one unit under a quarter leave room
+// for B's block beside two of A's, so it starts as the second of them ends, not the third; four A blocks still leave
+// no room for another kernel's.
+constexpr int kSmemUnit = 128;
+
+// The dynamic shared memory that makes `kernel`'s block take `footprint` bytes of an SM (at least `need`; `need` where
+// that is past the opt-in limit or the SM's size is unknown).
+template <class Kernel>
+size_t filled_smem(const Ctx& ctx, Kernel kernel, size_t need, int footprint) {
+  const int64_t stat = (int64_t(static_smem_bytes(kernel)) + kSmemUnit - 1) / kSmemUnit * kSmemUnit;
+  const int64_t dyn = int64_t(footprint) - ctx.smem_reserved - stat;
+  if (ctx.smem_per_sm <= 0 || dyn > ctx.max_smem_optin) return need;
+  return std::max<size_t>(need, size_t(std::max<int64_t>(dyn, 0)));
+}
+
 // The vector operand and group loop of kernels A and B: bf16 planes one group at a time (tile_group_mma), bf16 planes
 // R groups at a time (tile_groups_mma), or int8 digits R groups at a time (tile_groups_imma, R = kRot, maybe 1).
 enum class Operand { kBf16, kBf16Rot, kInt8 };
@@ -82,7 +98,8 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   float* xsum = reinterpret_cast<float*>(planes + 3 * plane);  // bf16: group sums; int8: (sum, 2^-S) per group
   auto* xe = reinterpret_cast<float2*>(xsum);
   float* part = reinterpret_cast<float*>(planes + operand_bytes<OP, GS>(hidden));  // (kWarps, 2 * kRows)
-  const bool valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0], true);
+  int32_t e;
+  const bool valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0], e, true);
   auto load = [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, true, v); };
   if constexpr (kI8) {
     imma_stage<BITS, GS, 1>(hidden, load, planes, xe);
@@ -106,8 +123,8 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   for (int m = 0; m < 2; ++m) {
     mbar_wait(&bars[m], 0);
     probe_mark(1 + m);
-    if (m == 0 && threadIdx.x == 0) issue_up(a, j, r0, kRows, tiles[1], &bars[0]);
-    if (m == 1 && a.l2_down && threadIdx.x == 0) prefetch_down_share(a, a.indices[j]);
+    if (m == 0 && threadIdx.x == 0) issue_up(a, e, r0, kRows, tiles[1], &bars[0]);
+    if (m == 1 && a.l2_down && threadIdx.x == 0) prefetch_down_share(a, e);
     if constexpr (OP != Operand::kBf16) {
       constexpr int R = kRot<BITS, GS>;
       const int per = int(groups) / kWarps;
@@ -283,22 +300,18 @@ bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
         op == Operand::kInt8 ? operand_bytes<Operand::kInt8, GS>(g.in) : operand_bytes<Operand::kBf16, GS>(g.in);
     const size_t need = kBarBytes + 2 * size_t((kMmaTileRows * (row_bytes + 2 * srow) + 15) / 16 * 16) + size_t(vec) +
                         size_t(kWarps) * 2 * kMmaTileRows * sizeof(float);
-    size_t smem = need;
-    if (smem > size_t(ctx.max_smem_optin)) return;
-    if (a.smem_fill && ctx.smem_per_sm > 0) {  // kABlocksPerSm blocks fill the SM's shared memory
-      const size_t quarter = size_t(ctx.smem_per_sm) / kABlocksPerSm - size_t(ctx.smem_reserved);
-      if (quarter <= size_t(ctx.max_smem_optin)) smem = std::max(smem, quarter);
-    }
+    if (need > size_t(ctx.max_smem_optin)) return;
+    auto run = [&](auto kernel) {  // kABlocksPerSm blocks (less one allocation unit each) fill an SM
+      const size_t smem =
+          a.smem_fill ? filled_smem(ctx, kernel, need, ctx.smem_per_sm / kABlocksPerSm - kSmemUnit) : need;
+      launch_bulk(ctx, kernel, grid, smem, as);
+    };
     auto go = [&]<GluAct ACT>() {
-      if (op == Operand::kInt8) {
-        return launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, Operand::kInt8>, grid, smem, as);
-      }
+      if (op == Operand::kInt8) return run(fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, Operand::kInt8>);
       if constexpr (kR > 1) {
-        if (op == Operand::kBf16Rot) {
-          return launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, Operand::kBf16Rot>, grid, smem, as);
-        }
+        if (op == Operand::kBf16Rot) return run(fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, Operand::kBf16Rot>);
       }
-      launch_bulk(ctx, fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, Operand::kBf16>, grid, smem, as);
+      run(fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, Operand::kBf16>);
     };
     switch (a.glu) {
       case GluAct::kSiLU: go.template operator()<GluAct::kSiLU>(); break;
@@ -333,22 +346,17 @@ bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
         op == Operand::kInt8 ? operand_bytes<Operand::kInt8, GS>(n) : operand_bytes<Operand::kBf16, GS>(n);
     const size_t need = kBarBytes + size_t(a.k) * size_t((kMmaTileRows * (row_bytes + 2 * srow) + 15) / 16 * 16) +
                         size_t(vec) + size_t(a.k) * kMmaTileRows * sizeof(float);
-    size_t smem = need;
-    if (smem > size_t(ctx.max_smem_optin)) return;
-    if (a.smem_fill && grid.x <= unsigned(ctx.sm_count) && ctx.smem_per_sm > 0) {  // no room for a second block
-      const size_t half = size_t(ctx.smem_per_sm) / 2 - size_t(ctx.smem_reserved) + 16;
-      if (half <= size_t(ctx.max_smem_optin)) smem = std::max(smem, half);
-    }
+    if (need > size_t(ctx.max_smem_optin)) return;
     launched = true;
-    if (op == Operand::kInt8) {
-      return launch_bulk(ctx, fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kInt8>, grid, smem, a);
-    }
+    auto run = [&](auto kernel) {  // one allocation unit over half an SM: no room for a second block
+      const bool fill = a.smem_fill && grid.x <= unsigned(ctx.sm_count);
+      launch_bulk(ctx, kernel, grid, fill ? filled_smem(ctx, kernel, need, ctx.smem_per_sm / 2 + kSmemUnit) : need, a);
+    };
+    if (op == Operand::kInt8) return run(fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kInt8>);
     if constexpr (kR > 1) {
-      if (op == Operand::kBf16Rot) {
-        return launch_bulk(ctx, fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kBf16Rot>, grid, smem, a);
-      }
+      if (op == Operand::kBf16Rot) return run(fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kBf16Rot>);
     }
-    launch_bulk(ctx, fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kBf16>, grid, smem, a);
+    run(fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kBf16>);
   });
   return launched;
 }
