@@ -170,12 +170,12 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   probe_mark(3);
 }
 
-// Kernel B: grid (hidden / 16), a 16-row tile of down rows for each of the k slots per block, every slot's copies
-// issued before the wait for kernel A (as fused_down_bulk_kernel's). Warp w computes slots w, w + 8, ... (each its
-// tile times that slot's act row); the block adds the slots in order: out[r] = (residual[r] +) sum_j weights[j] *
-// (down[e_j][r] . act[j]). Shared memory: barriers, k tiles, the act planes, their group sums, the slots' sums. ROT:
-// whole rounds of kRot groups (groups a multiple of it), else one group at a time: a variant each, so that neither
-// carries the other's loop.
+// Kernel B: grid (hidden / 16, or the SMs' count with FusedMoeArgs::smem_fill), a 16-row tile of down rows for each of
+// the k slots per block, every slot's copies issued before the wait for kernel A (as fused_down_bulk_kernel's). Warp w
+// computes slots w, w + 8, ... (each its tile times that slot's act row); the block adds the slots in order: out[r] =
+// (residual[r] +) sum_j weights[j] * (down[e_j][r] . act[j]). Shared memory: barriers, k tiles, the act planes, their
+// group sums, the slots' sums. ROT: whole rounds of kRot groups (groups a multiple of it), else one group at a time: a
+// variant each, so that neither carries the other's loop.
 template <int BITS, int GS, typename ST, Operand OP>
 __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeArgs a, unsigned* err) {
   extern __shared__ float4 smem4[];
@@ -196,6 +196,10 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
   __shared__ int32_t experts[kMaxSlots];
   __shared__ float slot_weights[kMaxSlots];
   if (a.b_early) pdl_trigger();
+  if (r0 >= hidden) {  // a block past the tiles (launch_down_bulk_mma) holds its SM until kernel A has ended
+    pdl_wait();
+    return;
+  }
   if (threadIdx.x == 0) {
     for (int sl = 0; sl < a.k; ++sl) mbar_init(&bars[sl], 1);
   }
@@ -348,9 +352,14 @@ bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
                         size_t(vec) + size_t(a.k) * kMmaTileRows * sizeof(float);
     if (need > size_t(ctx.max_smem_optin)) return;
     launched = true;
-    auto run = [&](auto kernel) {  // one allocation unit over half an SM: no room for a second block
+    // One allocation unit over half an SM: no room for a second block. With that, a block on every SM (those past
+    // the tiles only wait): an SM without one took four q/k/v blocks instead of three, and the last of them to
+    // arrive staged its vector ~2 us after the others (cause not found); +0.4% with it (docs/benchmarks.md,
+    // thirty-first tree).
+    auto run = [&](auto kernel) {
       const bool fill = a.smem_fill && grid.x <= unsigned(ctx.sm_count);
-      launch_bulk(ctx, kernel, grid, fill ? filled_smem(ctx, kernel, need, ctx.smem_per_sm / 2 + kSmemUnit) : need, a);
+      const dim3 g{fill ? unsigned(ctx.sm_count) : grid.x};
+      launch_bulk(ctx, kernel, g, fill ? filled_smem(ctx, kernel, need, ctx.smem_per_sm / 2 + kSmemUnit) : need, a);
     };
     if (op == Operand::kInt8) return run(fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kInt8>);
     if constexpr (kR > 1) {
