@@ -48,8 +48,8 @@ struct FusedMoeArgs {
   // than half of an SM's where its grid fits on the SMs, so that its blocks spread one per SM (with room for two, the
   // scheduler packed two onto some SMs while others idled: OLMoE's int8 kernel B at 100 KB, 1,934 tok/s; at 116 KB or
   // more, 2,073), and kernel A for a quarter, so that its four blocks leave no room for another kernel's (49 KB: 2,074;
-  // 50.6 KB or more: 2,110), each one allocation unit off (B beside two A blocks: 2,115 -> 2,121). docs/benchmarks.md,
-  // thirtieth and thirty-first trees.
+  // 50.6 KB or more: 2,110), each one allocation unit off (B beside two A blocks: 2,115 -> 2,121); B then also takes
+  // every SM (none runs a fourth q/k/v block). docs/benchmarks.md, thirtieth and thirty-first trees.
   bool smem_fill = true;
 };
 
