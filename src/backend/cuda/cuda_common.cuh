@@ -51,6 +51,9 @@ struct Ctx {
   // Rows per warp of the bulk-copy matrix-vector kernel for a normalized decode x (gemv_bulk.cu), the one-token
   // rms_norm_linears (q, k, v) with 4-/8-bit weights; 0 = off (MOECEL_CUDA_GEMV_BULK: 0, 2 or 4).
   int gemv_bulk = 2;
+  // That product on int8 tensor cores (gemv_bulk_imma.cu), in blocks of this many 16-row tiles; 0 = the CUDA-core
+  // sums (MOECEL_CUDA_GEMV_IMMA: 0, 1 or 2).
+  int gemv_imma = 1;
   // The same kernel for the gather path's expert products (MOECEL_CUDA_GEMV_BULK_GATHER: 0, 2 or 4).
   int gemv_bulk_gather = 4;
   // The same kernel for the gather path's decode gate + up with the activation in its epilogue (rows per warp:

@@ -228,6 +228,7 @@ bool gemv::launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
       return false;
     }
   }
+  if (!gather && launch_gemv_bulk_imma(ctx, a)) return true;
   const int rows = kWarps * rpw;
   // Each stage's scales and biases must be whole 16-byte spans (stage starts are multiples of its rows).
   const int part_rows = a.glu >= 0 ? rows / 2 : rows;

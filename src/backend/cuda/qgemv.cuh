@@ -274,6 +274,11 @@ __device__ inline void share_store(const RouterShare& s, int rows, int64_t token
 // Returns false, launching nothing, otherwise.
 bool launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs);
 
+// The one-token normalized product of launch_gemv_bulk on int8 tensor cores (gemv_bulk_imma.cu) where Ctx::gemv_imma
+// is on: 4-/8-bit weights of group size 32, 64 or 128, whole 16-row tiles, no xn_out; false (launching nothing)
+// otherwise. launch_gemv_bulk tries it first.
+bool launch_gemv_bulk_imma(const Ctx& ctx, GemvArgs& a);
+
 // Rows from which one token of a single matrix goes to the streaming kernel (gemv_stream.cu).
 constexpr int64_t kStreamRows = 16384;
 

@@ -1,0 +1,153 @@
+// The one-token normalized matrix-vector product (OLMoE's q, k and v after the input RMSNorm) on int8 tensor cores:
+// gemv_bulk_kernel's bulk copies before the wait, kernel A's group loop (bulk_imma.cuh) after it. The CUDA-core sums
+// took ~1.3 us of q/k/v's ~4.9 us phase once the rows had landed (docs/benchmarks.md, thirty-first tree); one MMA
+// takes 32 codes here. Results agree with gemv_bulk_kernel to the int8 operand's rounding (2^-22 of a group's
+// largest value), not bit for bit.
+#include "backend/cuda/bulk_imma.cuh"
+#include "backend/cuda/qgemv.cuh"
+
+namespace moecel::cuda::gemv {
+namespace {
+
+using bulk::RowTile;
+constexpr int kTileRows = kMmaTileRows;
+
+// Shared memory: the barrier, kTiles 16-row tiles (rows r0 + 16 m .. of its part, each RowTile's layout), x's three
+// digit planes, its groups' (sum, 2^-S) pairs, the warps' partial sums (kWarps, 16 kTiles). Warp w takes groups [w, w +
+// 1) * groups / kWarps of every tile, kRot at a time; each row adds the warps' sums in warp order.
+template <int BITS, int GS, typename ST, int kTiles>
+__global__ void __launch_bounds__(kThreads, 4) gemv_bulk_imma_kernel(GemvArgs a) {
+  extern __shared__ float4 smem4[];
+  __shared__ float red[32];
+  constexpr int kRows = kTiles * kTileRows;
+  const Part pt = block_part(a);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, t = lane & 3;
+  const int64_t in = pt.w.in, n_oct = in / 8, groups = in / GS, r0 = pt.block * kRows;
+  const int64_t row_bytes = bulk::packed_row_bytes(in, BITS), srow = bulk::scale_row_bytes<ST>(in, GS);
+  const int64_t tile_bytes = RowTile<BITS, ST>::bytes(kTileRows, row_bytes, srow);
+  const int64_t plane = bulk::imma_plane_bytes<GS>(in);
+  auto* bar = reinterpret_cast<uint64_t*>(smem4);
+  unsigned char* base = reinterpret_cast<unsigned char*>(smem4) + bulk::kBarBytes;
+  unsigned char* planes = base + kTiles * tile_bytes;
+  auto* xe = reinterpret_cast<float2*>(planes + 3 * plane);
+  float* part = reinterpret_cast<float*>(planes + 3 * plane + groups * 8);
+  auto tile = [&](int m) { return RowTile<BITS, ST>{base + m * tile_bytes, row_bytes, srow, kTileRows}; };
+  // Before the wait: the norm weights of this thread's first octet, and thread 0's copies of the block's tiles.
+  float nw[8];
+  const int64_t o_mine = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) nw[i] = o_mine < n_oct ? load_float(a.f.norm_w, a.f.norm_type, o_mine * 8 + i) : 0.0f;
+  if (threadIdx.x == 0) mbar_init(bar, 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbar_arrive_expect(bar, unsigned(kRows * (row_bytes + 2 * srow)));
+#pragma unroll
+    for (int m = 0; m < kTiles; ++m) bulk::issue_rows(pt.w, r0 + m * kTileRows, kTileRows, tile(m), bar);
+  }
+  pdl_enter();
+  // rms_norm(x) * norm_w as the int8 operand: the sum of squares over the row, then the digits of each octet.
+  const float* x = a.x;
+  float xv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  float ss = 0.0f;
+  for (int64_t o = threadIdx.x; o < n_oct; o += kThreads) {
+    float v[8];
+    load8_global(x + o * 8, true, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      ss = fmaf(v[i], v[i], ss);
+      if (o == o_mine) xv[i] = v[i];
+    }
+  }
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / float(in) + a.f.eps);
+  bulk::imma_stage<BITS, GS, 1>(
+      in,
+      [&](int64_t i, float(&v)[8]) {
+        if (i == o_mine * 8) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = xv[j] * inv * nw[j];
+        } else {
+          load8_global(x + i, true, v);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = v[j] * inv * load_float(a.f.norm_w, a.f.norm_type, i + j);
+        }
+      },
+      planes, xe);
+  __syncthreads();
+  probe_mark(0);
+  const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * (GS / 4);
+  const float lane_mul = bulk::imma_lane_mul(t);
+  float acc[kTiles][2];
+#pragma unroll
+  for (int m = 0; m < kTiles; ++m) acc[m][0] = acc[m][1] = 0.0f;
+  mbar_wait(bar, 0);
+  probe_mark(1);
+  constexpr int R = bulk::kRot<BITS, GS>;
+  const int per = int(groups) / kWarps;
+#pragma unroll
+  for (int m = 0; m < kTiles; ++m) {
+    const RowTile<BITS, ST> tm = tile(m);
+    for (int g = warp * per; g < (warp + 1) * per; g += R) {
+      bulk::tile_groups_imma<BITS, GS, ST, R>(tm, g, bp, g, xe, gid, t, lane_mul, acc[m]);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kTiles; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) acc[m][h] += __shfl_xor_sync(0xffffffffu, acc[m][h], 1);
+  }
+  if (t == 0) {
+#pragma unroll
+    for (int m = 0; m < kTiles; ++m) {
+      part[warp * kRows + m * kTileRows + gid] = acc[m][0];
+      part[warp * kRows + m * kTileRows + gid + 8] = acc[m][1];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kRows) {
+    const int r = threadIdx.x;
+    float s = part[r];
+    for (int w2 = 1; w2 < kWarps; ++w2) s += part[w2 * kRows + r];
+    pt.y[r0 + r] = s;
+  }
+  probe_mark(2);
+}
+
+}  // namespace
+
+bool launch_gemv_bulk_imma(const Ctx& ctx, GemvArgs& a) {
+  const int tiles = ctx.gemv_imma;
+  const WeightView& w = a.w[0];
+  const int gs = int(w.group_size);
+  if (tiles == 0 || a.map.indices || !a.f.norm_w || a.f.xn_out || a.glu >= 0 || (gs != 32 && gs != 64 && gs != 128) ||
+      w.in % gs != 0 || w.in % 8 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0) {
+    return false;
+  }
+  const int rows = tiles * kTileRows;
+  int64_t blocks = 0;
+  for (int i = 0; i < a.n_parts; ++i) {
+    if (a.w[i].out % rows != 0) return false;
+    blocks += a.w[i].out / rows;
+    a.part_end[i] = unsigned(blocks);
+  }
+  const int64_t row_bytes = bulk::packed_row_bytes(w.in, w.bits), srow = bulk::scale_row_bytes_of(w);
+  const int64_t groups = w.in / gs;
+  bool launched = false;
+  dispatch(w, [&]<int BITS, int GS, typename ST>() {
+    constexpr int kR = bulk::kRot<BITS, GS>;
+    if (groups % (kWarps * kR) != 0) return;
+    const size_t need = bulk::kBarBytes + size_t(tiles) * size_t(RowTile<BITS, ST>::bytes(kTileRows, row_bytes, srow)) +
+                        size_t(3 * bulk::imma_plane_bytes<GS>(w.in) + groups * 8) + size_t(kWarps) * rows * 4;
+    if (need > size_t(ctx.max_smem_optin)) return;
+    const dim3 grid{unsigned(blocks)};
+    if (tiles == 1) {
+      launch_k(ctx, gemv_bulk_imma_kernel<BITS, GS, ST, 1>, grid, kThreads, need, a);
+    } else {
+      launch_k(ctx, gemv_bulk_imma_kernel<BITS, GS, ST, 2>, grid, kThreads, need, a);
+    }
+    launched = true;
+  });
+  return launched;
+}
+
+}  // namespace moecel::cuda::gemv
