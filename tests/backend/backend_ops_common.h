@@ -128,6 +128,12 @@ inline std::vector<float> host_vec(const Tensor& t) {
   return v;
 }
 
+inline std::vector<int32_t> host_i32_vec(const Tensor& t) {
+  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.data, t.nbytes());
+  return v;
+}
+
 // A tensor of backend `be` copied to the host.
 template <class T>
 std::vector<T> dev_vec(CudaBackend& be, const Tensor& t) {

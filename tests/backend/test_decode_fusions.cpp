@@ -10,12 +10,6 @@
 namespace moecel::ops_test {
 namespace {
 
-std::vector<int32_t> host_i32_vec(const Tensor& t) {
-  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
-  std::memcpy(v.data(), t.data, t.nbytes());
-  return v;
-}
-
 struct NormCase {
   int bits, group_size;
   DType scale_type;
@@ -323,27 +317,33 @@ TEST_F(CudaOps, GatherLinearBulkKernelMatchesTheOthers) {
   }
 }
 
+// The CUDA-core kernel (MOECEL_CUDA_GEMV_RESIDUAL_IMMA=0): bit for bit linear then add. The int8 kernel that takes
+// one token by default is tested in test_gemv_imma.cpp.
 TEST_F(CudaOps, LinearResidualMatchesLinearThenAdd) {
+  setenv("MOECEL_CUDA_GEMV_RESIDUAL_IMMA", "0", 1);
+  CudaBackend be;
+  unsetenv("MOECEL_CUDA_GEMV_RESIDUAL_IMMA");
+  auto get = [&](const Tensor& t) { return dev_vec<float>(be, t); };
   Rng rng(102);
   for (int bits : {4, 8}) {
     const LinearWeight w = make_quant(0, kHidden, kHidden, bits, 64, DType::kBF16, rng);
-    const LinearWeight dw = cu().to_device(w);
+    const LinearWeight dw = be.to_device(w);
     for (int64_t n : {1, 2, 5}) {
       Tensor x = host_random(DType::kF32, {n, kHidden}, rng);
       Tensor res = host_random(DType::kF32, {n, kHidden}, rng, -4.0f, 4.0f);
       Tensor ref = cpu.alloc(DType::kF32, {n, kHidden});
       cpu.linear(w, x, ref);
       cpu.add(res, ref, ref);
-      Tensor dx = cu().to_device(x);
-      Tensor fused = cu().alloc(DType::kF32, {n, kHidden});
-      cu().from_host(res.data, fused);
-      cu().linear_residual(dw, dx, fused);
-      Tensor y = cu().alloc(DType::kF32, {n, kHidden}), unfused = cu().alloc(DType::kF32, {n, kHidden});
-      cu().linear(dw, dx, y);
-      cu().add(cu().to_device(res), y, unfused);
+      Tensor dx = be.to_device(x);
+      Tensor fused = be.alloc(DType::kF32, {n, kHidden});
+      be.from_host(res.data, fused);
+      be.linear_residual(dw, dx, fused);
+      Tensor y = be.alloc(DType::kF32, {n, kHidden}), unfused = be.alloc(DType::kF32, {n, kHidden});
+      be.linear(dw, dx, y);
+      be.add(be.to_device(res), y, unfused);
       const std::string what = "bits " + std::to_string(bits) + " n " + std::to_string(n);
-      EXPECT_EQ(down(fused), down(unfused)) << what;
-      EXPECT_LE(nmse(down(fused), host_vec(ref)), kMatmul) << what;
+      EXPECT_EQ(get(fused), get(unfused)) << what;
+      EXPECT_LE(nmse(get(fused), host_vec(ref)), kMatmul) << what;
     }
   }
 }

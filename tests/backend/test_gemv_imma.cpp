@@ -1,6 +1,7 @@
 // One token of rms_norm_linears (q, k and v of a decode step) through the int8 tensor-core kernel
 // (gemv_bulk_imma.cu, MOECEL_CUDA_GEMV_IMMA = 1 or 2 tiles per block) against the CPU backend and the CUDA-core
-// bulk kernel it replaces (= 0).
+// bulk kernel it replaces (= 0); and one token of the output projection's form (linear_residual and
+// linear_residual_norm_router, MOECEL_CUDA_GEMV_RESIDUAL_IMMA = 1) against the CPU and the CUDA-core kernel (= 0).
 #include "backend_ops_common.h"
 
 namespace moecel::ops_test {
@@ -91,6 +92,108 @@ TEST_F(CudaOps, GemvImmaKnobRejectsUnknownValue) {
   setenv("MOECEL_CUDA_GEMV_IMMA", "3", 1);
   EXPECT_THROW({ CudaBackend be; }, Error);
   unsetenv("MOECEL_CUDA_GEMV_IMMA");
+  setenv("MOECEL_CUDA_GEMV_RESIDUAL_IMMA", "2", 1);
+  EXPECT_THROW({ CudaBackend be; }, Error);
+  unsetenv("MOECEL_CUDA_GEMV_RESIDUAL_IMMA");
+}
+
+struct ResidualCase {
+  int bits, group_size;
+  DType scale_type;
+  int64_t out, in;
+  bool imma;  // the int8 kernel takes it
+};
+
+// y = residual + x @ w^T for one token, with MOECEL_CUDA_GEMV_RESIDUAL_IMMA = knob.
+std::vector<float> run_residual(const char* knob, const LinearWeight& w, const Tensor& x, const Tensor& res) {
+  setenv("MOECEL_CUDA_GEMV_RESIDUAL_IMMA", knob, 1);
+  CudaBackend be;
+  unsetenv("MOECEL_CUDA_GEMV_RESIDUAL_IMMA");
+  const LinearWeight dw = be.to_device(w);
+  const Tensor dx = be.to_device(x);
+  Tensor y = be.to_device(res);
+  be.linear_residual(dw, dx, y);
+  return dev_vec<float>(be, y);
+}
+
+TEST_F(CudaOps, LinearResidualImmaKernelMatchesCpu) {
+  Rng rng(223);
+  const std::vector<ResidualCase> cases = {
+      {4, 64, DType::kF16, kHidden, kHidden, true},  // OLMoE's o
+      {8, 32, DType::kBF16, 512, 1024, true},
+      {4, 128, DType::kF32, 64, 2048, true},
+      {8, 128, DType::kF16, 32, 1024, true},
+      {4, 64, DType::kBF16, kHidden, 4096, false},  // rows of more than 2048 values (Qwen3-30B-A3B's o)
+      {4, 64, DType::kF16, 40, 512, false},         // not whole 16-row tiles
+      {4, 64, DType::kF16, 64, 256, false},         // 4 groups do not split over 8 warps
+      {6, 64, DType::kBF16, 64, 512, false},        // 6 bits
+  };
+  for (const ResidualCase& c : cases) {
+    const LinearWeight w = make_quant(0, c.out, c.in, c.bits, c.group_size, c.scale_type, rng);
+    Tensor x = host_random(DType::kF32, {1, c.in}, rng, -3.0f, 3.0f);
+    store_float(x, 5, 900.0f);  // each group gets its own fixed-point exponent
+    const Tensor res = host_random(DType::kF32, {1, c.out}, rng, -4.0f, 4.0f);
+    Tensor ref = cpu.alloc(DType::kF32, {1, c.out});
+    cpu.linear(w, x, ref);
+    cpu.add(res, ref, ref);
+    const std::string what = "bits " + std::to_string(c.bits) + " gs " + std::to_string(c.group_size) + " in " +
+                             std::to_string(c.in) + " out " + std::to_string(c.out);
+    const std::vector<float> plain = run_residual("0", w, x, res), one = run_residual("1", w, x, res);
+    ASSERT_EQ(one.size(), size_t(c.out)) << what;
+    EXPECT_LE(nmse(plain, host_vec(ref)), kMatmul) << "CUDA cores, " << what;
+    EXPECT_LE(nmse(one, host_vec(ref)), kMatmul) << "int8, " << what;
+    EXPECT_EQ(one, run_residual("1", w, x, res)) << "rerun, " << what;
+    for (float v : one) ASSERT_TRUE(std::isfinite(v)) << what;
+    if (c.imma) {
+      EXPECT_NE(one, plain) << what << ": bit for bit the CUDA-core sums (the int8 kernel did not run)";
+    } else {
+      EXPECT_EQ(one, plain) << what << ": no int8 kernel for this shape";
+    }
+  }
+}
+
+// The o projection with the router's share (OLMoE's shapes, one token) on the int8 kernel: the residual bit for bit
+// linear_residual's with the same knob and not the CUDA-core kernel's; the residual, xn, logits, experts and weights
+// against the CPU with either knob.
+TEST_F(CudaOps, LinearResidualNormRouterImmaMatchesCpu) {
+  Rng rng(227);
+  const LinearWeight o = make_quant(0, kHidden, kHidden, 4, 64, DType::kBF16, rng);
+  const LinearWeight r = make_quant(0, kExperts, kHidden, 4, 64, DType::kBF16, rng);
+  const Tensor norm = host_random(DType::kBF16, {kHidden}, rng, 0.5f, 1.5f);
+  Tensor att = host_random(DType::kF32, {1, kHidden}, rng, -3.0f, 3.0f);
+  store_float(att, 77, -500.0f);
+  const Tensor res = host_random(DType::kF32, {1, kHidden}, rng, -3.0f, 3.0f);
+  const int k = int(kTopK);
+  Tensor cx = cpu.alloc(DType::kF32, {1, kHidden});
+  std::memcpy(cx.data, res.data, res.nbytes());
+  Tensor cxn = cpu.alloc(DType::kF32, {1, kHidden}), clogits = cpu.alloc(DType::kF32, {1, kExperts});
+  Tensor cidx = cpu.alloc(DType::kI32, {1, k}), cwts = cpu.alloc(DType::kF32, {1, k});
+  cpu.linear_residual_norm_router(o, att, cx, norm, 1e-5f, r, RouterScoring::kSoftmax, k, false, cxn, clogits, cidx,
+                                  cwts);
+  std::vector<float> ys[2];
+  for (int knob = 0; knob < 2; ++knob) {
+    setenv("MOECEL_CUDA_GEMV_RESIDUAL_IMMA", knob ? "1" : "0", 1);
+    CudaBackend be;
+    unsetenv("MOECEL_CUDA_GEMV_RESIDUAL_IMMA");
+    auto get = [&](const Tensor& t) { return dev_vec<float>(be, t); };
+    const LinearWeight dov = be.to_device(o), drv = be.to_device(r);
+    const Tensor dnorm = be.to_device(norm), datt = be.to_device(att);
+    Tensor x = be.to_device(res), lx = be.to_device(res);
+    Tensor xn = be.alloc(DType::kF32, {1, kHidden}), logits = be.alloc(DType::kF32, {1, kExperts});
+    Tensor idx = be.alloc(DType::kI32, {1, k}), wts = be.alloc(DType::kF32, {1, k});
+    be.linear_residual_norm_router(dov, datt, x, dnorm, 1e-5f, drv, RouterScoring::kSoftmax, k, false, xn, logits, idx,
+                                   wts);
+    be.linear_residual(dov, datt, lx);
+    const std::string what = std::string("knob ") + (knob ? "1" : "0");
+    ys[knob] = get(x);
+    EXPECT_EQ(ys[knob], get(lx)) << what << ": the share's residual is not linear_residual's";
+    EXPECT_LE(nmse(ys[knob], host_vec(cx)), kMatmul) << what;
+    EXPECT_LE(nmse(get(xn), host_vec(cxn)), kMatmul) << what;
+    EXPECT_LE(nmse(get(logits), host_vec(clogits)), kMatmul) << what;
+    EXPECT_EQ(dev_vec<int32_t>(be, idx), host_i32_vec(cidx)) << what;
+    EXPECT_LE(nmse(get(wts), host_vec(cwts)), kElementwise * 100) << what;
+  }
+  EXPECT_NE(ys[1], ys[0]) << "bit for bit the CUDA-core sums (the int8 kernel did not run)";
 }
 
 }  // namespace

@@ -166,6 +166,7 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   impl_->ctx.gemv_bulk = knob_from_env("MOECEL_CUDA_GEMV_BULK", 2, {0, 2, 4});
   // q/k/v on int8 tensor cores, one 16-row tile per block (docs/benchmarks.md, thirty-fourth tree: two tiles slower).
   impl_->ctx.gemv_imma = knob_from_env("MOECEL_CUDA_GEMV_IMMA", 1, {0, 1, 2});
+  impl_->ctx.gemv_residual_imma = knob_from_env("MOECEL_CUDA_GEMV_RESIDUAL_IMMA", 1, {0, 1});
   // Rows per warp of the gather path's bulk kernels (docs/benchmarks.md, eleventh and twelfth trees: down 4; gate +
   // up 4, OLMoE the same as 2 since the down product's copies go out before its wait, Qwen3-30B-A3B +1.6%).
   impl_->ctx.gemv_bulk_gather = knob_from_env("MOECEL_CUDA_GEMV_BULK_GATHER", 4, {0, 2, 4});

@@ -54,6 +54,9 @@ struct Ctx {
   // That product on int8 tensor cores (gemv_bulk_imma.cu), in blocks of this many 16-row tiles; 0 = the CUDA-core
   // sums (MOECEL_CUDA_GEMV_IMMA: 0, 1 or 2).
   int gemv_imma = 1;
+  // The one-token output projection (y = residual + x @ w^T, the router's share) on int8 tensor cores
+  // (gemv_bulk_imma.cu; MOECEL_CUDA_GEMV_RESIDUAL_IMMA: 0 or 1).
+  int gemv_residual_imma = 1;
   // The same kernel for the gather path's expert products (MOECEL_CUDA_GEMV_BULK_GATHER: 0, 2 or 4).
   int gemv_bulk_gather = 4;
   // The same kernel for the gather path's decode gate + up with the activation in its epilogue (rows per warp:

@@ -1,8 +1,9 @@
-// The one-token normalized matrix-vector product (OLMoE's q, k and v after the input RMSNorm) on int8 tensor cores:
-// gemv_bulk_kernel's bulk copies before the wait, kernel A's group loop (bulk_imma.cuh) after it. The CUDA-core sums
-// took ~1.3 us of q/k/v's ~4.9 us phase once the rows had landed (docs/benchmarks.md, thirty-first tree); one MMA
-// takes 32 codes here. Results agree with gemv_bulk_kernel to the int8 operand's rounding (2^-22 of a group's
-// largest value), not bit for bit.
+// One-token matrix-vector products on int8 tensor cores: gemv_bulk_kernel's bulk copies before the wait, kernel A's
+// group loop (bulk_imma.cuh) after it. Two forms: the input RMSNorm fused (OLMoE's q, k and v; the CUDA-core sums took
+// ~1.3 us of q/k/v's ~4.9 us phase once the rows had landed, docs/benchmarks.md, thirty-first tree) and the output
+// projection's (y = residual + x @ w^T, with the router's share of its rows where asked:
+// linear_residual[_norm_router]). One MMA takes 32 codes here. Results agree with the CUDA-core kernels to the int8
+// operand's rounding (2^-22 of a group's largest value), not bit for bit.
 #include "backend/cuda/bulk_imma.cuh"
 #include "backend/cuda/qgemv.cuh"
 
@@ -13,9 +14,12 @@ using bulk::RowTile;
 constexpr int kTileRows = kMmaTileRows;
 
 // Shared memory: the barrier, kTiles 16-row tiles (rows r0 + 16 m .. of its part, each RowTile's layout), x's three
-// digit planes, its groups' (sum, 2^-S) pairs, the warps' partial sums (kWarps, 16 kTiles). Warp w takes groups [w, w +
-// 1) * groups / kWarps of every tile, kRot at a time; each row adds the warps' sums in warp order.
-template <int BITS, int GS, typename ST, int kTiles>
+// digit planes, its groups' (sum, 2^-S) pairs, the warps' partial sums (kWarps, 16 kTiles), then (RES with a share)
+// the router share's ShareSmem. Warp w takes groups [w, w + 1) * groups / kWarps of every tile, kRot at a time; each
+// row adds the warps' sums in warp order.
+// RES: x as it is (no norm), y = residual + x @ w^T (a.f.residual, which may be y), and with a.f.share.parts the
+// block's RouterShare over its 16 rows (one part, one tile per block).
+template <int BITS, int GS, typename ST, int kTiles, bool RES>
 __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_imma_kernel(GemvArgs a) {
   extern __shared__ float4 smem4[];
   __shared__ float red[32];
@@ -32,11 +36,15 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_imma_kernel(GemvArgs a)
   auto* xe = reinterpret_cast<float2*>(planes + 3 * plane);
   float* part = reinterpret_cast<float*>(planes + 3 * plane + groups * 8);
   auto tile = [&](int m) { return RowTile<BITS, ST>{base + m * tile_bytes, row_bytes, srow, kTileRows}; };
-  // Before the wait: the norm weights of this thread's first octet, and thread 0's copies of the block's tiles.
+  // Before the wait: the norm weights of this thread's first octet (the normalized form), thread 0's copies of the
+  // block's tiles, and the router share's words, scales and norm weights (RES with a share; after the copies, which
+  // would otherwise wait for a round trip of thread 0's loads).
   float nw[8];
   const int64_t o_mine = threadIdx.x;
+  if constexpr (!RES) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) nw[i] = o_mine < n_oct ? load_float(a.f.norm_w, a.f.norm_type, o_mine * 8 + i) : 0.0f;
+    for (int i = 0; i < 8; ++i) nw[i] = o_mine < n_oct ? load_float(a.f.norm_w, a.f.norm_type, o_mine * 8 + i) : 0.0f;
+  }
   if (threadIdx.x == 0) mbar_init(bar, 1);
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -44,35 +52,49 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_imma_kernel(GemvArgs a)
 #pragma unroll
     for (int m = 0; m < kTiles; ++m) bulk::issue_rows(pt.w, r0 + m * kTileRows, kTileRows, tile(m), bar);
   }
-  pdl_enter();
-  // rms_norm(x) * norm_w as the int8 operand: the sum of squares over the row, then the digits of each octet.
-  const float* x = a.x;
-  float xv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  float ss = 0.0f;
-  for (int64_t o = threadIdx.x; o < n_oct; o += kThreads) {
-    float v[8];
-    load8_global(x + o * 8, true, v);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      ss = fmaf(v[i], v[i], ss);
-      if (o == o_mine) xv[i] = v[i];
-    }
+  const bool share_on = RES && a.f.share.parts != nullptr;
+  ShareSmem share{};
+  if (share_on) {
+    share = share_smem(part + kWarps * kRows, a.f.share.w.out, kRows, a.f.share.w.bits);
+    share_load(a.f.share, r0, kRows, share);
   }
-  ss = block_sum(ss, red);
-  const float inv = 1.0f / sqrtf(ss / float(in) + a.f.eps);
-  bulk::imma_stage<BITS, GS, 1>(
-      in,
-      [&](int64_t i, float(&v)[8]) {
-        if (i == o_mine * 8) {
+  pdl_enter();
+  // The residual rows come from earlier kernels: loaded as the wait returns, used at the end.
+  float res = 0.0f;
+  if (RES && a.f.residual && threadIdx.x < kRows) res = a.f.residual[r0 + threadIdx.x];
+  const float* x = a.x;
+  if constexpr (RES) {
+    bulk::imma_stage<BITS, GS, 1>(
+        in, [&](int64_t i, float(&v)[8]) { load8_global(x + i, true, v); }, planes, xe);
+  } else {
+    // rms_norm(x) * norm_w as the int8 operand: the sum of squares over the row, then the digits of each octet.
+    float xv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    float ss = 0.0f;
+    for (int64_t o = threadIdx.x; o < n_oct; o += kThreads) {
+      float v[8];
+      load8_global(x + o * 8, true, v);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) v[j] = xv[j] * inv * nw[j];
-        } else {
-          load8_global(x + i, true, v);
+      for (int i = 0; i < 8; ++i) {
+        ss = fmaf(v[i], v[i], ss);
+        if (o == o_mine) xv[i] = v[i];
+      }
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / float(in) + a.f.eps);
+    bulk::imma_stage<BITS, GS, 1>(
+        in,
+        [&](int64_t i, float(&v)[8]) {
+          if (i == o_mine * 8) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) v[j] = v[j] * inv * load_float(a.f.norm_w, a.f.norm_type, i + j);
-        }
-      },
-      planes, xe);
+            for (int j = 0; j < 8; ++j) v[j] = xv[j] * inv * nw[j];
+          } else {
+            load8_global(x + i, true, v);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = v[j] * inv * load_float(a.f.norm_w, a.f.norm_type, i + j);
+          }
+        },
+        planes, xe);
+  }
   __syncthreads();
   probe_mark(0);
   const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * (GS / 4);
@@ -104,23 +126,39 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_imma_kernel(GemvArgs a)
     }
   }
   __syncthreads();
+  float ss = 0.0f;  // RES with a share: the sum of squares of this thread's row of y
   if (threadIdx.x < kRows) {
     const int r = threadIdx.x;
     float s = part[r];
     for (int w2 = 1; w2 < kWarps; ++w2) s += part[w2 * kRows + r];
+    if (RES && a.f.residual) s += res;
     pt.y[r0 + r] = s;
+    if (share_on) {
+      share.yn[r] = s * share.norm_w[r];
+      ss = s * s;
+    }
+  }
+  if (share_on) {
+    // The block's rows are lanes 0-15 of warp 0: their squares added in a fixed tree, as warp 0's sum; the other
+    // warps' are 0.
+    static_assert(!RES || kTiles == 1, "the share covers one 16-row tile");
+    if (warp == 0) {
+#pragma unroll
+      for (int off = 8; off >= 1; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      if (lane < kWarps) share.ssq[lane] = lane == 0 ? ss : 0.0f;
+    }
+    share_store(a.f.share, kRows, 0, blockIdx.x, gridDim.x, share);
   }
   probe_mark(2);
 }
 
-}  // namespace
-
-bool launch_gemv_bulk_imma(const Ctx& ctx, GemvArgs& a) {
-  const int tiles = ctx.gemv_imma;
+// Launches gemv_bulk_imma_kernel over a's parts in blocks of `tiles` 16-row tiles; false (nothing launched) where a
+// part is not whole blocks, the groups do not split evenly over the warps or shared memory is short.
+bool launch_imma(const Ctx& ctx, GemvArgs& a, int tiles, bool res) {
   const WeightView& w = a.w[0];
   const int gs = int(w.group_size);
-  if (tiles == 0 || a.map.indices || !a.f.norm_w || a.f.xn_out || a.glu >= 0 || (gs != 32 && gs != 64 && gs != 128) ||
-      w.in % gs != 0 || w.in % 8 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0) {
+  if ((gs != 32 && gs != 64 && gs != 128) || w.in % gs != 0 || w.in % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(a.x) % 16 != 0) {
     return false;
   }
   const int rows = tiles * kTileRows;
@@ -132,22 +170,47 @@ bool launch_gemv_bulk_imma(const Ctx& ctx, GemvArgs& a) {
   }
   const int64_t row_bytes = bulk::packed_row_bytes(w.in, w.bits), srow = bulk::scale_row_bytes_of(w);
   const int64_t groups = w.in / gs;
+  const RouterShare& s = a.f.share;
+  const size_t share_bytes = s.parts ? size_t(share_floats(s.w.out, rows, s.w.bits)) * 4 : 0;
   bool launched = false;
   dispatch(w, [&]<int BITS, int GS, typename ST>() {
     constexpr int kR = bulk::kRot<BITS, GS>;
     if (groups % (kWarps * kR) != 0) return;
     const size_t need = bulk::kBarBytes + size_t(tiles) * size_t(RowTile<BITS, ST>::bytes(kTileRows, row_bytes, srow)) +
-                        size_t(3 * bulk::imma_plane_bytes<GS>(w.in) + groups * 8) + size_t(kWarps) * rows * 4;
+                        size_t(3 * bulk::imma_plane_bytes<GS>(w.in) + groups * 8) + size_t(kWarps) * rows * 4 +
+                        share_bytes;
     if (need > size_t(ctx.max_smem_optin)) return;
     const dim3 grid{unsigned(blocks)};
-    if (tiles == 1) {
-      launch_k(ctx, gemv_bulk_imma_kernel<BITS, GS, ST, 1>, grid, kThreads, need, a);
+    if (res) {
+      launch_k(ctx, gemv_bulk_imma_kernel<BITS, GS, ST, 1, true>, grid, kThreads, need, a);
+    } else if (tiles == 1) {
+      launch_k(ctx, gemv_bulk_imma_kernel<BITS, GS, ST, 1, false>, grid, kThreads, need, a);
     } else {
-      launch_k(ctx, gemv_bulk_imma_kernel<BITS, GS, ST, 2>, grid, kThreads, need, a);
+      launch_k(ctx, gemv_bulk_imma_kernel<BITS, GS, ST, 2, false>, grid, kThreads, need, a);
     }
     launched = true;
   });
   return launched;
+}
+
+}  // namespace
+
+bool launch_gemv_bulk_imma(const Ctx& ctx, GemvArgs& a) {
+  if (ctx.gemv_imma == 0 || a.map.indices || !a.f.norm_w || a.f.xn_out || a.glu >= 0) return false;
+  return launch_imma(ctx, a, ctx.gemv_imma, false);
+}
+
+bool launch_gemv_residual_imma(const Ctx& ctx, GemvArgs& a) {
+  const WeightView& w = a.w[0];
+  // Rows of at most 2048 values: share_rows(in) is one tile then, so that linear_residual and the share's launch give
+  // the same y (rows above 2048 keep the CUDA-core kernel in both).
+  if (ctx.gemv_residual_imma == 0 || a.n_parts != 1 || a.map.indices || a.f.norm_w || a.f.xn_out || !a.f.residual ||
+      a.f.router.k > 0 || a.glu >= 0 || (w.bits != 4 && w.bits != 8) || !w.biases || w.n_stack != 1 ||
+      share_rows(w.in) != kTileRows || !bulk::bulk_rows_ok(w) || reinterpret_cast<uintptr_t>(w.w) % 16 != 0 ||
+      decode_mma_applies(ctx, w)) {
+    return false;
+  }
+  return launch_imma(ctx, a, 1, true);
 }
 
 }  // namespace moecel::cuda::gemv

@@ -365,7 +365,8 @@ bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span
                  "gemv: the argmax tail takes one token and one weight");
     return launch_gemv_stream(ctx, a, tail);
   }
-  if (n_tokens == 1 && (launch_gemv_stream(ctx, a) || launch_gemv_bulk(ctx, a, 1))) return true;
+  if (n_tokens == 1 && (launch_gemv_residual_imma(ctx, a) || launch_gemv_stream(ctx, a) || launch_gemv_bulk(ctx, a, 1)))
+    return true;
   return launch_gemv_args(ctx, a, n_tokens);
 }
 
