@@ -120,13 +120,11 @@ TEST_F(CudaOps, LinearResidualImmaKernelMatchesCpu) {
   Rng rng(223);
   const std::vector<ResidualCase> cases = {
       {4, 64, DType::kF16, kHidden, kHidden, true},  // OLMoE's o
-      {8, 32, DType::kBF16, 512, 1024, true},
-      {4, 128, DType::kF32, 64, 2048, true},
-      {8, 128, DType::kF16, 32, 1024, true},
-      {4, 64, DType::kBF16, kHidden, 4096, false},  // rows of more than 2048 values (Qwen3-30B-A3B's o)
-      {4, 64, DType::kF16, 40, 512, false},         // not whole 16-row tiles
-      {4, 64, DType::kF16, 64, 256, false},         // 4 groups do not split over 8 warps
-      {6, 64, DType::kBF16, 64, 512, false},        // 6 bits
+      {8, 32, DType::kBF16, 512, 1024, true},       {4, 128, DType::kF32, 64, 2048, true},
+      {8, 128, DType::kF16, 32, 1024, true},        {4, 64, DType::kBF16, kHidden, 4096, true},  // Qwen3-30B-A3B's o
+      {4, 64, DType::kF16, 40, 512, false},   // not whole 16-row tiles
+      {4, 64, DType::kF16, 64, 256, false},   // 4 groups do not split over 8 warps
+      {6, 64, DType::kBF16, 64, 512, false},  // 6 bits
   };
   for (const ResidualCase& c : cases) {
     const LinearWeight w = make_quant(0, c.out, c.in, c.bits, c.group_size, c.scale_type, rng);
@@ -152,48 +150,55 @@ TEST_F(CudaOps, LinearResidualImmaKernelMatchesCpu) {
   }
 }
 
-// The o projection with the router's share (OLMoE's shapes, one token) on the int8 kernel: the residual bit for bit
-// linear_residual's with the same knob and not the CUDA-core kernel's; the residual, xn, logits, experts and weights
-// against the CPU with either knob.
+// The o projection with the router's share, one token, on the int8 kernel: OLMoE's shapes (parts of 16 rows) and a
+// 4096-wide attention (parts of 8 rows, two per block). The residual bit for bit linear_residual's with the same knob
+// and not the CUDA-core kernel's; the residual, xn, logits, experts and weights against the CPU with either knob.
 TEST_F(CudaOps, LinearResidualNormRouterImmaMatchesCpu) {
+  struct Case {
+    int64_t o_in, n_experts;
+  };
   Rng rng(227);
-  const LinearWeight o = make_quant(0, kHidden, kHidden, 4, 64, DType::kBF16, rng);
-  const LinearWeight r = make_quant(0, kExperts, kHidden, 4, 64, DType::kBF16, rng);
-  const Tensor norm = host_random(DType::kBF16, {kHidden}, rng, 0.5f, 1.5f);
-  Tensor att = host_random(DType::kF32, {1, kHidden}, rng, -3.0f, 3.0f);
-  store_float(att, 77, -500.0f);
-  const Tensor res = host_random(DType::kF32, {1, kHidden}, rng, -3.0f, 3.0f);
-  const int k = int(kTopK);
-  Tensor cx = cpu.alloc(DType::kF32, {1, kHidden});
-  std::memcpy(cx.data, res.data, res.nbytes());
-  Tensor cxn = cpu.alloc(DType::kF32, {1, kHidden}), clogits = cpu.alloc(DType::kF32, {1, kExperts});
-  Tensor cidx = cpu.alloc(DType::kI32, {1, k}), cwts = cpu.alloc(DType::kF32, {1, k});
-  cpu.linear_residual_norm_router(o, att, cx, norm, 1e-5f, r, RouterScoring::kSoftmax, k, false, cxn, clogits, cidx,
-                                  cwts);
-  std::vector<float> ys[2];
-  for (int knob = 0; knob < 2; ++knob) {
-    setenv("MOECEL_CUDA_GEMV_RESIDUAL_IMMA", knob ? "1" : "0", 1);
-    CudaBackend be;
-    unsetenv("MOECEL_CUDA_GEMV_RESIDUAL_IMMA");
-    auto get = [&](const Tensor& t) { return dev_vec<float>(be, t); };
-    const LinearWeight dov = be.to_device(o), drv = be.to_device(r);
-    const Tensor dnorm = be.to_device(norm), datt = be.to_device(att);
-    Tensor x = be.to_device(res), lx = be.to_device(res);
-    Tensor xn = be.alloc(DType::kF32, {1, kHidden}), logits = be.alloc(DType::kF32, {1, kExperts});
-    Tensor idx = be.alloc(DType::kI32, {1, k}), wts = be.alloc(DType::kF32, {1, k});
-    be.linear_residual_norm_router(dov, datt, x, dnorm, 1e-5f, drv, RouterScoring::kSoftmax, k, false, xn, logits, idx,
-                                   wts);
-    be.linear_residual(dov, datt, lx);
-    const std::string what = std::string("knob ") + (knob ? "1" : "0");
-    ys[knob] = get(x);
-    EXPECT_EQ(ys[knob], get(lx)) << what << ": the share's residual is not linear_residual's";
-    EXPECT_LE(nmse(ys[knob], host_vec(cx)), kMatmul) << what;
-    EXPECT_LE(nmse(get(xn), host_vec(cxn)), kMatmul) << what;
-    EXPECT_LE(nmse(get(logits), host_vec(clogits)), kMatmul) << what;
-    EXPECT_EQ(dev_vec<int32_t>(be, idx), host_i32_vec(cidx)) << what;
-    EXPECT_LE(nmse(get(wts), host_vec(cwts)), kElementwise * 100) << what;
+  for (const Case& c : {Case{kHidden, kExperts}, Case{4096, 32}}) {
+    const LinearWeight o = make_quant(0, kHidden, c.o_in, 4, 64, DType::kBF16, rng);
+    const LinearWeight r = make_quant(0, c.n_experts, kHidden, 4, 64, DType::kBF16, rng);
+    const Tensor norm = host_random(DType::kBF16, {kHidden}, rng, 0.5f, 1.5f);
+    Tensor att = host_random(DType::kF32, {1, c.o_in}, rng, -3.0f, 3.0f);
+    store_float(att, 77, -500.0f);
+    const Tensor res = host_random(DType::kF32, {1, kHidden}, rng, -3.0f, 3.0f);
+    const int k = int(kTopK);
+    Tensor cx = cpu.alloc(DType::kF32, {1, kHidden});
+    std::memcpy(cx.data, res.data, res.nbytes());
+    Tensor cxn = cpu.alloc(DType::kF32, {1, kHidden}), clogits = cpu.alloc(DType::kF32, {1, c.n_experts});
+    Tensor cidx = cpu.alloc(DType::kI32, {1, k}), cwts = cpu.alloc(DType::kF32, {1, k});
+    cpu.linear_residual_norm_router(o, att, cx, norm, 1e-5f, r, RouterScoring::kSoftmax, k, false, cxn, clogits, cidx,
+                                    cwts);
+    std::vector<float> ys[2], ls[2];
+    for (int knob = 0; knob < 2; ++knob) {
+      setenv("MOECEL_CUDA_GEMV_RESIDUAL_IMMA", knob ? "1" : "0", 1);
+      CudaBackend be;
+      unsetenv("MOECEL_CUDA_GEMV_RESIDUAL_IMMA");
+      auto get = [&](const Tensor& t) { return dev_vec<float>(be, t); };
+      const LinearWeight dov = be.to_device(o), drv = be.to_device(r);
+      const Tensor dnorm = be.to_device(norm), datt = be.to_device(att);
+      Tensor x = be.to_device(res), lx = be.to_device(res);
+      Tensor xn = be.alloc(DType::kF32, {1, kHidden}), logits = be.alloc(DType::kF32, {1, c.n_experts});
+      Tensor idx = be.alloc(DType::kI32, {1, k}), wts = be.alloc(DType::kF32, {1, k});
+      be.linear_residual_norm_router(dov, datt, x, dnorm, 1e-5f, drv, RouterScoring::kSoftmax, k, false, xn, logits,
+                                     idx, wts);
+      be.linear_residual(dov, datt, lx);
+      const std::string what = "o in " + std::to_string(c.o_in) + " knob " + std::to_string(knob);
+      ys[knob] = get(x);
+      ls[knob] = get(logits);
+      EXPECT_EQ(ys[knob], get(lx)) << what << ": the share's residual is not linear_residual's";
+      EXPECT_LE(nmse(ys[knob], host_vec(cx)), kMatmul) << what;
+      EXPECT_LE(nmse(get(xn), host_vec(cxn)), kMatmul) << what;
+      EXPECT_LE(nmse(ls[knob], host_vec(clogits)), kMatmul) << what;
+      EXPECT_EQ(dev_vec<int32_t>(be, idx), host_i32_vec(cidx)) << what;
+      EXPECT_LE(nmse(get(wts), host_vec(cwts)), kElementwise * 100) << what;
+    }
+    EXPECT_NE(ys[1], ys[0]) << "o in " << c.o_in << ": bit for bit the CUDA-core sums (the int8 kernel did not run)";
+    EXPECT_NE(ls[1], ls[0]) << "o in " << c.o_in << ": the logits are bit for bit the CUDA-core kernel's";
   }
-  EXPECT_NE(ys[1], ys[0]) << "bit for bit the CUDA-core sums (the int8 kernel did not run)";
 }
 
 }  // namespace

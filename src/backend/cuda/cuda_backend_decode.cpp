@@ -276,6 +276,7 @@ void CudaBackend::linear_residual_norm_router(const LinearWeight& w, const Tenso
   f.share.norm_type = float_type(norm_weight.dtype, "rms_norm weight");
   f.share.parts = parts;
   f.share.sumsq = parts + n * blocks * n_experts;
+  f.share.rows = int(rows);
   float* y = residual.ptr<float>();
   if (!cuda::launch_gemv_fused(impl_->ctx, std::span(&ov, 1), std::span(&y, 1), x.ptr<float>(), n, f)) {
     return unfused();

@@ -354,8 +354,8 @@ bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span
     const RouterShare& s = f.share;
     CUDA_REQUIRE(ws.size() == 1 && (ws[0].bits == 4 || ws[0].bits == 8) && ws[0].out % rows == 0 &&
                      s.w.in == ws[0].out && (s.w.bits == 4 || s.w.bits == 8) && s.w.out >= 1 &&
-                     s.w.out <= kWarpRouterExperts && s.w.group_size % rows == 0 && s.w.n_stack == 1 && !f.norm_w &&
-                     f.router.k == 0,
+                     s.w.out <= kWarpRouterExperts && s.w.group_size % rows == 0 && s.w.n_stack == 1 &&
+                     s.rows == rows && !f.norm_w && f.router.k == 0,
                  "gemv: a router share needs one 4/8-bit weight of whole 16-row blocks and a 4/8-bit router over "
                  "its rows (<= 256 experts, group size a multiple of 16), with no input norm or router epilogue");
   }

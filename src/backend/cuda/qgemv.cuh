@@ -279,10 +279,10 @@ bool launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs);
 // otherwise. launch_gemv_bulk tries it first.
 bool launch_gemv_bulk_imma(const Ctx& ctx, GemvArgs& a);
 
-// One token of the output projection's form, y = residual + x @ w^T (a.f.residual, no norm, one 4-/8-bit weight of
-// rows of at most 2048 values, whole 16-row tiles, group size 32, 64 or 128), with the router's share where a.f.share
-// asks, on int8 tensor cores (gemv_bulk_imma.cu) where Ctx::gemv_residual_imma is on; false (launching nothing)
-// otherwise.
+// One token of the output projection's form, y = residual + x @ w^T (a.f.residual, no norm, one 4-/8-bit weight in
+// whole 16-row tiles, group size 32, 64 or 128), with the router's share where a.f.share asks (parts of 16 or 8 rows,
+// a block writing one or two), on int8 tensor cores (gemv_bulk_imma.cu) where Ctx::gemv_residual_imma is on; false
+// (launching nothing) otherwise.
 bool launch_gemv_residual_imma(const Ctx& ctx, GemvArgs& a);
 
 // Rows from which one token of a single matrix goes to the streaming kernel (gemv_stream.cu).

@@ -89,6 +89,7 @@ struct RouterShare {
   FloatType norm_type = FloatType::kF32;
   float* parts = nullptr;  // (n_tokens, blocks, n_experts); nullptr: no share
   float* sumsq = nullptr;  // (n_tokens, blocks)
+  int rows = 16;           // the projection's rows per part: share_rows(d_in)
 };
 // The projection's rows per block with a share: 16 (2 per warp), or 8 where a row is longer than the 2048 values
 // a warp loads before its wait with 2 rows (more blocks, each row's weights all loaded before the wait).
