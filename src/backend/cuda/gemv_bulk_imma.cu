@@ -14,26 +14,36 @@ using bulk::RowTile;
 constexpr int kTileRows = kMmaTileRows;
 
 // After the block's 16 rows are in m.yn and the sums of squares of its 16 / PROW parts in m.ssq: every expert's share
-// of the logits for each part (share_store's sums over a part's rows, in order), one token. PROW a constant: the
-// loops unrolled (a runtime part width measured ~1.6% slower on OLMoE, whose o projection ends with this).
+// of the logits for each part, one token. Four threads per expert, four rows each, added in a fixed shuffle tree: in a
+// probe build one thread per expert over 16 rows took 0.58 us, this 0.44 (docs/benchmarks.md, thirty-fifth tree).
 template <int PROW>
 __device__ __forceinline__ void share_store_tile(const RouterShare& s, const ShareSmem& m) {
-  constexpr int kParts = kTileRows / PROW;
+  constexpr int kParts = kTileRows / PROW, kQuarter = kTileRows / 4;
+  static_assert(PROW % kQuarter == 0, "a part is whole quarters");
   __syncthreads();
   const int bits = s.w.bits, per_expert = kTileRows * bits / 32, n_experts = int(s.w.out);
   const uint32_t mask = (1u << bits) - 1u;
   const int64_t part0 = int64_t(blockIdx.x) * kParts;
-  for (int e = threadIdx.x; e < n_experts; e += kThreads) {
+  const int q = threadIdx.x & 3, r0 = q * kQuarter;
+  const float y[4] = {m.yn[r0], m.yn[r0 + 1], m.yn[r0 + 2], m.yn[r0 + 3]};
+  float ysum = (y[0] + y[1]) + (y[2] + y[3]);
+  for (int e0 = 0; e0 < n_experts; e0 += kThreads / 4) {  // uniform trip count: shuffles need every lane
+    const int e = e0 + (threadIdx.x >> 2);
+    const bool live = e < n_experts;
+    float qy = 0.0f;
+    if (live) {
+      const uint32_t word = m.words[e * per_expert + r0 * bits / 32] >> ((r0 * bits) % 32);
 #pragma unroll
-    for (int h = 0; h < kParts; ++h) {
-      float qy = 0.0f, ysum = 0.0f;  // dequantized as scale * qy + bias * ysum
+      for (int i = 0; i < 4; ++i) qy = fmaf(float((word >> (i * bits)) & mask), y[i], qy);
+    }
+    float ys = ysum;
 #pragma unroll
-      for (int r = h * PROW; r < (h + 1) * PROW; ++r) {
-        const uint32_t word = m.words[e * per_expert + r * bits / 32];
-        qy = fmaf(float((word >> ((r * bits) % 32)) & mask), m.yn[r], qy);
-        ysum += m.yn[r];
-      }
-      s.parts[(part0 + h) * n_experts + e] = fmaf(m.scale[e], qy, m.bias[e] * ysum);
+    for (int off = 1; off < PROW / kQuarter; off <<= 1) {
+      qy += __shfl_xor_sync(0xffffffffu, qy, off);
+      ys += __shfl_xor_sync(0xffffffffu, ys, off);
+    }
+    if (live && q % (PROW / kQuarter) == 0) {
+      s.parts[(part0 + r0 / PROW) * n_experts + e] = fmaf(m.scale[e], qy, m.bias[e] * ys);
     }
   }
   if (threadIdx.x < kParts) s.sumsq[part0 + threadIdx.x] = m.ssq[threadIdx.x];
@@ -42,7 +52,7 @@ __device__ __forceinline__ void share_store_tile(const RouterShare& s, const Sha
 // Shared memory: the barrier, kTiles 16-row tiles (rows r0 + 16 m .. of its part, each RowTile's layout), x's three
 // digit planes, its groups' (sum, 2^-S) pairs, the warps' partial sums (kWarps, 16 kTiles), then (RES with a share)
 // the router share's ShareSmem. Warp w takes groups [w, w + 1) * groups / kWarps of every tile, kRot at a time; each
-// row adds the warps' sums in warp order.
+// row adds the warps' sums in warp order. Probe marks: 0 x staged, 1 rows landed, 3 products summed, 2 done.
 // RES: x as it is (no norm), y = residual + x @ w^T (a.f.residual, which may be y); SHARE (RES only): 0, or the rows
 // of the router share's parts (a.f.share.rows, 16 or 8: one or two per block, one tile per block). Each a variant of
 // its own, so that none carries another's code (a runtime part width cost OLMoE's o projection 0.4%).
@@ -154,6 +164,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_imma_kernel(GemvArgs a)
     }
   }
   __syncthreads();
+  probe_mark(3);
   float ss = 0.0f;  // RES with a share: the sum of squares of this thread's row of y
   if (threadIdx.x < kRows) {
     const int r = threadIdx.x;
