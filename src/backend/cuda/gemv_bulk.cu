@@ -210,6 +210,11 @@ void launch_bits(const Ctx& ctx, dim3 grid, size_t smem, const GemvArgs& a, int 
 
 }  // namespace
 
+bool gemv::bulk_weight_ok(const Ctx& ctx, const WeightView& w) {
+  return (w.bits == 4 || w.bits == 8) && w.biases && bulk::bulk_rows_ok(w) &&
+         reinterpret_cast<uintptr_t>(w.w) % 16 == 0 && !decode_mma_applies(ctx, w);
+}
+
 bool gemv::launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
   const bool gather = a.map.indices != nullptr;
   const int rpw = a.glu >= 0 ? ctx.gemv_bulk_glu : gather ? ctx.gemv_bulk_gather : ctx.gemv_bulk;
@@ -222,9 +227,8 @@ bool gemv::launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs) {
   if (a.glu >= 0 && (!gather || a.n_parts != 2 || a.w[1].out != w.out || a.w[1].n_stack != w.n_stack)) return false;
   for (int i = 0; i < a.n_parts; ++i) {
     const WeightView& v = a.w[i];
-    if (v.in != w.in || v.bits != w.bits || v.stype != w.stype || v.group_size != w.group_size || !v.biases ||
-        (v.n_stack != 1 && !gather) || v.out % 8 != 0 || !bulk::bulk_rows_ok(v) ||
-        reinterpret_cast<uintptr_t>(v.w) % 16 != 0 || decode_mma_applies(ctx, v)) {
+    if (v.in != w.in || v.bits != w.bits || v.stype != w.stype || v.group_size != w.group_size ||
+        (v.n_stack != 1 && !gather) || v.out % 8 != 0 || !bulk_weight_ok(ctx, v)) {
       return false;
     }
   }

@@ -247,8 +247,7 @@ bool launch_gemv_residual_imma(const Ctx& ctx, GemvArgs& a) {
   // A share's parts of 16 or 8 rows (share_rows) within one of its groups: a tile's router columns are one group.
   const bool share_ok = !s.parts || ((s.rows == 16 || s.rows == 8) && s.w.group_size % kTileRows == 0);
   if (ctx.gemv_residual_imma == 0 || a.n_parts != 1 || a.map.indices || a.f.norm_w || a.f.xn_out || !a.f.residual ||
-      a.f.router.k > 0 || a.glu >= 0 || (w.bits != 4 && w.bits != 8) || !w.biases || w.n_stack != 1 || !share_ok ||
-      !bulk::bulk_rows_ok(w) || reinterpret_cast<uintptr_t>(w.w) % 16 != 0 || decode_mma_applies(ctx, w)) {
+      a.f.router.k > 0 || a.glu >= 0 || w.n_stack != 1 || !share_ok || !bulk_weight_ok(ctx, w)) {
     return false;
   }
   return launch_imma(ctx, a, 1, true);

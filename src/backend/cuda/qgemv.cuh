@@ -274,6 +274,10 @@ __device__ inline void share_store(const RouterShare& s, int rows, int64_t token
 // Returns false, launching nothing, otherwise.
 bool launch_gemv_bulk(const Ctx& ctx, GemvArgs& a, int64_t n_pairs);
 
+// A 4-/8-bit weight with biases whose rows the bulk-copy kernels can copy (16-byte aligned rows, scales and biases)
+// and that the tensor-core kernel of launch_gemv_mma does not take.
+bool bulk_weight_ok(const Ctx& ctx, const WeightView& w);
+
 // The one-token normalized product of launch_gemv_bulk on int8 tensor cores (gemv_bulk_imma.cu) where Ctx::gemv_imma
 // is on: 4-/8-bit weights of group size 32, 64 or 128, whole 16-row tiles, no xn_out; false (launching nothing)
 // otherwise. launch_gemv_bulk tries it first.
