@@ -73,13 +73,39 @@ __device__ __forceinline__ void fold_group(const RowTile<BITS, ST>& tile, int64_
 template <int BITS, int GS>
 constexpr int kLaneWords = GS / 32 * BITS / 4;
 
-// The lane's words of groups gl0 .. gl0 + R - 1 of rows gid and gid + 8 of a tile, w[i] holding group gl0 + i. In load
-// round i the lanes of row gid read group (i + gid) % R, so the 8 rows spread over R times as many banks; the words are
-// then rotated back (log2(R) rounds of selects).
+// w[k] <- w[(k - s) % R] for every k (log2(R) rounds of selects): words loaded in rotated order (round i of the
+// lanes of row gid read group (i + gid) % R, so the 8 rows spread over R times as many banks) put back in group order.
+template <int R, int W>
+__device__ __forceinline__ void unrotate_groups(int s, uint32_t (&w)[R][2][W]) {
+#pragma unroll
+  for (int b = 1; b < R; b <<= 1) {  // w[k] <- w[(k - b) % R] where bit b of s is set
+    const bool on = (s & b) != 0;
+    uint32_t v[R][2][W];
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int q = 0; q < W; ++q) v[k][h][q] = on ? w[(k - b) & (R - 1)][h][q] : w[k][h][q];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int q = 0; q < W; ++q) w[k][h][q] = v[k][h][q];
+      }
+    }
+  }
+}
+
+// The lane's words of groups gl0 .. gl0 + R - 1 of rows gid and gid + 8 of a tile, w[i] holding group gl0 + i, loaded
+// in rotated order (unrotate_groups).
 template <int BITS, int GS, typename ST, int R>
 __device__ __forceinline__ void load_groups_rotated(const RowTile<BITS, ST>& tile, int gl0, int gid, int t,
                                                     uint32_t (&w)[R][2][kLaneWords<BITS, GS>]) {
-  constexpr int kGroupBytes = GS * BITS / 8, kWords = kLaneWords<BITS, GS>;
+  constexpr int kGroupBytes = GS * BITS / 8;
   static_assert((R & (R - 1)) == 0 && R <= 8, "R: a power of two up to 8");
   const int s = gid & (R - 1), row_bytes = int(tile.row_bytes);  // 32-bit offsets: kernel A has 64 registers
 #pragma unroll
@@ -90,27 +116,7 @@ __device__ __forceinline__ void load_groups_rotated(const RowTile<BITS, ST>& til
       lds_words(tile.base + (gid + 8 * h) * row_bytes + gl * kGroupBytes + t * (kGroupBytes / 4), w[i][h]);
     }
   }
-#pragma unroll
-  for (int b = 1; b < R; b <<= 1) {  // w[k] <- w[(k - b) % R] where bit b of s is set: in all, w[k] <- w[(k - s) % R]
-    const bool on = (s & b) != 0;
-    uint32_t v[R][2][kWords];
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int q = 0; q < kWords; ++q) v[k][h][q] = on ? w[(k - b) & (R - 1)][h][q] : w[k][h][q];
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int q = 0; q < kWords; ++q) w[k][h][q] = v[k][h][q];
-      }
-    }
-  }
+  unrotate_groups<R>(s, w);
 }
 
 // The scales and biases of groups gl0 .. gl0 + R - 1 of rows gid (h = 0) and gid + 8 (h = 1): a row's R values are
@@ -132,6 +138,18 @@ struct GroupScales {
             tile.base + n_rows * int(tile.row_bytes) + (gid + 8 * h) * srow + gl0 * int(sizeof(ST));
         lds_words(p, sc[h]);
         lds_words(p + n_rows * srow, bi[h]);
+      }
+    }
+  }
+  // sc0 / bi0: the scale and bias words of rows gid (h = 0) and gid + 8 at group 0 (only read where kVec).
+  __device__ __forceinline__ GroupScales(const RowTile<BITS, ST>& tl, const unsigned char* const (&sc0)[2],
+                                         const unsigned char* const (&bi0)[2], int gl0_, int gid_)
+      : tile(tl), gl0(gl0_), gid(gid_) {
+    if constexpr (kVec) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        lds_words(sc0[h] + gl0 * int(sizeof(ST)), sc[h]);
+        lds_words(bi0[h] + gl0 * int(sizeof(ST)), bi[h]);
       }
     }
   }

@@ -125,15 +125,17 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
     probe_mark(1 + m);
     if (m == 0 && threadIdx.x == 0) issue_up(a, e, r0, kRows, tiles[1], &bars[0]);
     if (m == 1 && a.l2_down && threadIdx.x == 0) prefetch_down_share(a, e);
-    if constexpr (OP != Operand::kBf16) {
+    if constexpr (kI8) {
       constexpr int R = kRot<BITS, GS>;
       const int per = int(groups) / kWarps;
       for (int g = warp * per; g < (warp + 1) * per; g += R) {
-        if constexpr (kI8) {
-          tile_groups_imma<BITS, GS, ST, R>(tiles[m], g, bp, g, xe, gid, t, lane_mul, acc[m]);
-        } else {
-          tile_groups_mma<BITS, GS, ST, R>(tiles[m], g, bp, g, xsum, gid, t, acc[m]);
-        }
+        tile_groups_imma<BITS, GS, ST, R>(tiles[m], g, bp, g, xe, gid, t, lane_mul, acc[m]);
+      }
+    } else if constexpr (OP == Operand::kBf16Rot) {
+      constexpr int R = kRot<BITS, GS>;
+      const int per = int(groups) / kWarps;
+      for (int g = warp * per; g < (warp + 1) * per; g += R) {
+        tile_groups_mma<BITS, GS, ST, R>(tiles[m], g, bp, g, xsum, gid, t, acc[m]);
       }
     } else {
 #pragma unroll 2  // the groups' loads and MMAs are independent (only the folds into acc are ordered)
@@ -233,14 +235,17 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
     mbar_wait(&bars[sl], 0);
     if (sl == 0) probe_mark(1);
     float acc[2] = {0.0f, 0.0f};
-    if constexpr (OP != Operand::kBf16) {  // whole rounds of R groups (aligned scale loads): the same sums in order
+    if constexpr (kI8) {  // whole rounds of R groups (aligned scale loads): the same sums in order
+      constexpr int R = kRot<BITS, GS>;
+      const int ng = int(groups), g0 = sl * ng;
+      const ImmaLane<BITS, GS, ST, R> il(tl, gid, t);
+      for (int gl = 0; gl < ng; gl += R) {
+        tile_groups_imma<BITS, GS, ST, R>(tl, il, gl, bp, g0 + gl, xe, gid, t, lane_mul, acc);
+      }
+    } else if constexpr (OP == Operand::kBf16Rot) {
       constexpr int R = kRot<BITS, GS>;
       for (int64_t gl = 0; gl < groups; gl += R) {
-        if constexpr (kI8) {
-          tile_groups_imma<BITS, GS, ST, R>(tl, int(gl), bp, int(sl * groups + gl), xe, gid, t, lane_mul, acc);
-        } else {
-          tile_groups_mma<BITS, GS, ST, R>(tl, int(gl), bp, int(sl * groups + gl), xsum, gid, t, acc);
-        }
+        tile_groups_mma<BITS, GS, ST, R>(tl, int(gl), bp, int(sl * groups + gl), xsum, gid, t, acc);
       }
     } else {
 #pragma unroll 4  // as kernel A's group loop: several groups' MMA chains in flight per warp
