@@ -106,30 +106,42 @@ __device__ __forceinline__ float imma_lane_mul(int t) {
   return t == 0 ? 256.0f : 1.0f / 256.0f;
 }
 
-// The A fragment of 32-value block p of a group from the lane's words of rows gid (w[0]) and gid + 8 (w[1]): 4-bit
-// codes as u8 (the even and odd nibbles, imma_digits' order), 8-bit words as they are.
-template <int BITS, int W>
-__device__ __forceinline__ void imma_a_frag(const uint32_t (&w)[2][W], int p, uint32_t (&a)[4]) {
-  if constexpr (BITS == 4) {
-    a[0] = w[0][p] & 0x0f0f0f0fu;
-    a[1] = w[1][p] & 0x0f0f0f0fu;
-    a[2] = (w[0][p] >> 4) & 0x0f0f0f0fu;
-    a[3] = (w[1][p] >> 4) & 0x0f0f0f0fu;
-  } else {
-    a[0] = w[0][2 * p];
-    a[1] = w[1][2 * p];
-    a[2] = w[0][2 * p + 1];
-    a[3] = w[1][2 * p + 1];
+// A round's R groups given the lane's words w (in group order) and the groups' scales and biases: each group's MMAs
+// (4-bit codes as u8, the even and odd nibbles in imma_digits' order; 8-bit words as they are) and its fold into acc
+// as the file comment says.
+template <int BITS, int GS, typename ST, int R>
+__device__ __forceinline__ void imma_round(const uint32_t (&w)[R][2][kLaneWords<BITS, GS>],
+                                           const GroupScales<BITS, ST, R>& sb, const unsigned char* bp, int g0,
+                                           const float2* xe, int gid, int t, float lane_mul, float (&acc)[2]) {
+  constexpr int kBlocks = GS / 32;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    uint32_t bx[2 * kBlocks];
+#pragma unroll
+    for (int q = 0; q < 2 * kBlocks; ++q) bx[q] = 0u;
+    if (gid < 3) lds_words(bp + (g0 + i) * GS, bx);
+    int d[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int p = 0; p < kBlocks; ++p) {
+      uint32_t a[4];
+      if constexpr (BITS == 4) {
+        a[0] = w[i][0][p] & 0x0f0f0f0fu;
+        a[1] = w[i][1][p] & 0x0f0f0f0fu;
+        a[2] = (w[i][0][p] >> 4) & 0x0f0f0f0fu;
+        a[3] = (w[i][1][p] >> 4) & 0x0f0f0f0fu;
+      } else {
+        a[0] = w[i][0][2 * p];
+        a[1] = w[i][1][2 * p];
+        a[2] = w[i][0][2 * p + 1];
+        a[3] = w[i][1][2 * p + 1];
+      }
+      mma_u8s8(d, a, bx[2 * p], bx[2 * p + 1]);
+    }
+    const float2 g = xe[g0 + i];
+    const float xs = t == 0 ? g.x : 0.0f, f = g.y * lane_mul;
+    acc[0] = fmaf(sb.scale(0, i) * f, __int2float_rn(d[0] * 256 + d[1]), fmaf(sb.bias(0, i), xs, acc[0]));
+    acc[1] = fmaf(sb.scale(1, i) * f, __int2float_rn(d[2] * 256 + d[3]), fmaf(sb.bias(1, i), xs, acc[1]));
   }
-}
-
-// Folds one group's s32 sums d into the rows' accumulators (rows gid: s0, b0; gid + 8: s1, b1; g: the group's (sum,
-// 2^-S)), as the file comment says.
-__device__ __forceinline__ void imma_fold(float s0, float b0, float s1, float b1, float2 g, int t, float lane_mul,
-                                          const int (&d)[4], float (&acc)[2]) {
-  const float xs = t == 0 ? g.x : 0.0f, f = g.y * lane_mul;
-  acc[0] = fmaf(s0 * f, __int2float_rn(d[0] * 256 + d[1]), fmaf(b0, xs, acc[0]));
-  acc[1] = fmaf(s1 * f, __int2float_rn(d[2] * 256 + d[3]), fmaf(b1, xs, acc[1]));
 }
 
 // A lane's addresses in a 16-row tile for tile_groups_imma, computed once per tile: the words of rotated group slot i
@@ -162,7 +174,7 @@ template <int BITS, int GS, typename ST, int R>
 __device__ __forceinline__ void tile_groups_imma(const RowTile<BITS, ST>& tile, const ImmaLane<BITS, GS, ST, R>& lane,
                                                  int gl0, const unsigned char* bp, int g0, const float2* xe, int gid,
                                                  int t, float lane_mul, float (&acc)[2]) {
-  constexpr int kBlocks = GS / 32, kGroupBytes = GS * BITS / 8;
+  constexpr int kGroupBytes = GS * BITS / 8;
   uint32_t w[R][2][kLaneWords<BITS, GS>];  // [group][row gid, gid + 8]
 #pragma unroll
   for (int i = 0; i < R; ++i) {
@@ -171,21 +183,7 @@ __device__ __forceinline__ void tile_groups_imma(const RowTile<BITS, ST>& tile, 
   }
   unrotate_groups<R>(lane.s, w);
   const GroupScales<BITS, ST, R> sb(tile, lane.sc, lane.bi, gl0, gid);
-#pragma unroll
-  for (int i = 0; i < R; ++i) {
-    uint32_t bx[2 * kBlocks];
-#pragma unroll
-    for (int q = 0; q < 2 * kBlocks; ++q) bx[q] = 0u;
-    if (gid < 3) lds_words(bp + (g0 + i) * GS, bx);
-    int d[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int p = 0; p < kBlocks; ++p) {
-      uint32_t a[4];
-      imma_a_frag<BITS>(w[i], p, a);
-      mma_u8s8(d, a, bx[2 * p], bx[2 * p + 1]);
-    }
-    imma_fold(sb.scale(0, i), sb.bias(0, i), sb.scale(1, i), sb.bias(1, i), xe[g0 + i], t, lane_mul, d, acc);
-  }
+  imma_round<BITS, GS, ST, R>(w, sb, bp, g0, xe, gid, t, lane_mul, acc);
 }
 
 // The same with every address built from the tile for this round (kernel A and the int8 matrix-vector kernels, at
@@ -194,25 +192,10 @@ template <int BITS, int GS, typename ST, int R>
 __device__ __forceinline__ void tile_groups_imma(const RowTile<BITS, ST>& tile, int gl0, const unsigned char* bp,
                                                  int g0, const float2* xe, int gid, int t, float lane_mul,
                                                  float (&acc)[2]) {
-  constexpr int kBlocks = GS / 32;
   uint32_t w[R][2][kLaneWords<BITS, GS>];  // [group][row gid, gid + 8]
   load_groups_rotated<BITS, GS, ST, R>(tile, gl0, gid, t, w);
   const GroupScales<BITS, ST, R> sb(tile, gl0, gid);
-#pragma unroll
-  for (int i = 0; i < R; ++i) {
-    uint32_t bx[2 * kBlocks];
-#pragma unroll
-    for (int q = 0; q < 2 * kBlocks; ++q) bx[q] = 0u;
-    if (gid < 3) lds_words(bp + (g0 + i) * GS, bx);
-    int d[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int p = 0; p < kBlocks; ++p) {
-      uint32_t a[4];
-      imma_a_frag<BITS>(w[i], p, a);
-      mma_u8s8(d, a, bx[2 * p], bx[2 * p + 1]);
-    }
-    imma_fold(sb.scale(0, i), sb.bias(0, i), sb.scale(1, i), sb.bias(1, i), xe[g0 + i], t, lane_mul, d, acc);
-  }
+  imma_round<BITS, GS, ST, R>(w, sb, bp, g0, xe, gid, t, lane_mul, acc);
 }
 
 }  // namespace moecel::cuda::bulk
