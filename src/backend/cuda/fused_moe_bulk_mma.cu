@@ -125,17 +125,15 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
     probe_mark(1 + m);
     if (m == 0 && threadIdx.x == 0) issue_up(a, e, r0, kRows, tiles[1], &bars[0]);
     if (m == 1 && a.l2_down && threadIdx.x == 0) prefetch_down_share(a, e);
-    if constexpr (kI8) {
+    if constexpr (OP != Operand::kBf16) {
       constexpr int R = kRot<BITS, GS>;
       const int per = int(groups) / kWarps;
       for (int g = warp * per; g < (warp + 1) * per; g += R) {
-        tile_groups_imma<BITS, GS, ST, R>(tiles[m], g, bp, g, xe, gid, t, lane_mul, acc[m]);
-      }
-    } else if constexpr (OP == Operand::kBf16Rot) {
-      constexpr int R = kRot<BITS, GS>;
-      const int per = int(groups) / kWarps;
-      for (int g = warp * per; g < (warp + 1) * per; g += R) {
-        tile_groups_mma<BITS, GS, ST, R>(tiles[m], g, bp, g, xsum, gid, t, acc[m]);
+        if constexpr (kI8) {
+          tile_groups_imma<BITS, GS, ST, R>(tiles[m], g, bp, g, xe, gid, t, lane_mul, acc[m]);
+        } else {
+          tile_groups_mma<BITS, GS, ST, R>(tiles[m], g, bp, g, xsum, gid, t, acc[m]);
+        }
       }
     } else {
 #pragma unroll 2  // the groups' loads and MMAs are independent (only the folds into acc are ordered)
