@@ -98,8 +98,8 @@ TEST_P(FusedMoeCuda, MatchesReferenceGatherAndIsDeterministic) {
   EXPECT_LE(test::normalized_rms(tc0, bf), 1e-5) << "rotated and plain group loads differ beyond f32 rounding";
   // Kernels A and B with only the shared memory they use (more blocks per SM): the same sums.
   EXPECT_EQ(tc, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2 MOECEL_CUDA_FUSED_SMEM_FILL=0")) << "no SM fill";
-  // Kernel A without its L2 requests of kernel B's rows: the same sums.
-  EXPECT_EQ(tc, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2 MOECEL_CUDA_FUSED_L2_DOWN=0")) << "no L2 requests";
+  // Kernel A with its L2 requests of kernel B's rows (off by default): the same sums.
+  EXPECT_EQ(tc, run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=2 MOECEL_CUDA_FUSED_L2_DOWN=1")) << "L2 requests";
   // Kernels A and B on CUDA cores, in every launch width and variant, are the gather path bit for bit.
   const std::vector<float> cores = run_cuda(p, c.act, true, "MOECEL_CUDA_FUSED_MMA=0");
   EXPECT_EQ(cores, gather) << "fused (CUDA-core kernels) and gather paths differ";

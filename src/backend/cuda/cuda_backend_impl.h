@@ -72,8 +72,10 @@ struct CudaBackend::Impl {
   // The bulk kernels A and B on tensor cores (MOECEL_CUDA_FUSED_MMA: 1 where measured faster, 2 wherever they apply,
   // 0 never: CUDA cores, bit for bit the gather path).
   int fused_mma = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_MMA", 1, {0, 1, 2});
-  // The tensor-core kernel A requests kernel B's down rows into L2 (FusedMoeArgs::l2_down; MOECEL_CUDA_FUSED_L2_DOWN).
-  bool fused_l2_down = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_L2_DOWN", 1, {0, 1}) == 1;
+  // The tensor-core kernel A requests kernel B's down rows into L2 (FusedMoeArgs::l2_down;
+  // MOECEL_CUDA_FUSED_L2_DOWN=1), off by default: kernel A's tail is bound by DRAM, which the requests share
+  // (docs/benchmarks.md, 37th tree).
+  bool fused_l2_down = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_L2_DOWN", 0, {0, 1}) == 1;
   // The tensor-core kernels' conflict-free group loads (FusedMoeArgs::rotate; MOECEL_CUDA_FUSED_ROTATE).
   bool fused_rotate = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_ROTATE", 1, {0, 1}) == 1;
   // The tensor-core kernels' int8 operand (FusedMoeArgs::imma; MOECEL_CUDA_FUSED_IMMA).

@@ -35,8 +35,9 @@ struct FusedMoeArgs {
   // two rows per warp and more than 3 blocks per SM); 2: wherever they apply (tests).
   int mma = 1;
   // The tensor-core kernel A requests kernel B's down rows of its expert into L2 (its block's share, l2_rows rows of
-  // l2_row_bytes packed and l2_srow scale bytes) once its up rows have landed, while DRAM would idle as it computes.
-  bool l2_down = true;
+  // l2_row_bytes packed and l2_srow scale bytes) once its up rows have landed. Off by default: the requests share DRAM
+  // with the last blocks' up rows, which end kernel A (+0.25% without them on the H200, docs/benchmarks.md).
+  bool l2_down = false;
   int l2_rows = 0, l2_row_bytes = 0, l2_srow = 0;
   // The tensor-core kernels load R consecutive groups of a tile at once, each row at its own offset (tile_groups_mma:
   // no bank conflicts); kernel A's warps then take consecutive groups (its sums in another order).
