@@ -122,8 +122,8 @@ TEST_F(CudaOps, RmsNormLinearsBulkKernelMatchesTheOps) {
 // One token of a large rms_norm_linears (the vocabulary projection's shape class: the streaming kernel, 2 to 4 ring
 // slots, tiles that wrap the ring and a short last tile) against the bulk-copy kernel it replaces (streaming and
 // tensor-core kernels off): bit for bit with CUDA-core sums (MOECEL_CUDA_GEMV_STREAM_MMA=0), and within the CPU's
-// rounding. Its tensor-core walk (the default where out is whole 32-row tiles) gives other bits: within the CPU's
-// rounding, and not bit for bit the bulk kernel's (proof that it ran).
+// rounding. Its tensor-core walk (the default where out is whole 32-row tiles; x as the int8 operand or as bf16
+// planes) gives other bits: within the CPU's rounding, and not bit for bit the bulk kernel's (proof that it ran).
 TEST_F(CudaOps, RmsNormLinearStreamKernelMatchesTheBulkKernel) {
   struct Case {
     int bits, group_size;
@@ -170,14 +170,17 @@ TEST_F(CudaOps, RmsNormLinearStreamKernelMatchesTheBulkKernel) {
     for (const char* slots : {"2", "3", "4"}) {
       const std::vector<float> y = run(slots, "2", "0", c, hw, norm, x);
       EXPECT_EQ(y, bulk) << "slots " << slots << ", " << what;
-      const std::vector<float> t = run(slots, "2", "1", c, hw, norm, x);
-      ASSERT_EQ(t.size(), bulk.size());
-      EXPECT_LE(nmse(t, host_vec(ref)), kMatmul) << "tensor cores, slots " << slots << ", " << what;
-      EXPECT_LE(nmse(t, bulk), kMatmul) << "tensor cores, slots " << slots << ", " << what;
-      if (c.mma) {
-        EXPECT_NE(t, bulk) << "tensor cores, slots " << slots << ", " << what << ": bit for bit the CUDA-core sums";
-      } else {
-        EXPECT_EQ(t, bulk) << "slots " << slots << ", " << what << ": no tensor-core walk for this shape";
+      for (const char* operand : {"1", "2"}) {  // x as the int8 operand (the default), as bf16 planes
+        const std::vector<float> t = run(slots, "2", operand, c, hw, norm, x);
+        const std::string how = std::string("tensor cores ") + operand + ", slots " + slots + ", " + what;
+        ASSERT_EQ(t.size(), bulk.size());
+        EXPECT_LE(nmse(t, host_vec(ref)), kMatmul) << how;
+        EXPECT_LE(nmse(t, bulk), kMatmul) << how;
+        if (c.mma) {
+          EXPECT_NE(t, bulk) << how << ": bit for bit the CUDA-core sums";
+        } else {
+          EXPECT_EQ(t, bulk) << how << ": no tensor-core walk for this shape";
+        }
       }
     }
   }

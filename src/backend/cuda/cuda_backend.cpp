@@ -189,7 +189,7 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   // eligible weight (slower so far, docs/benchmarks.md), 0 never.
   impl_->ctx.decode_mma = knob_from_env("MOECEL_CUDA_DECODE_MMA", 2, {0, 1, 2});
   impl_->ctx.gemv_stream = knob_from_env("MOECEL_CUDA_GEMV_STREAM", 2, {0, 2, 3, 4, 5});
-  impl_->ctx.gemv_stream_mma = knob_from_env("MOECEL_CUDA_GEMV_STREAM_MMA", 1, {0, 1}) == 1;
+  impl_->ctx.gemv_stream_mma = knob_from_env("MOECEL_CUDA_GEMV_STREAM_MMA", 1, {0, 1, 2});
 }
 
 std::unique_ptr<DecodeGraph> CudaBackend::capture_decode(const std::function<void()>& record, const Tensor& ids,

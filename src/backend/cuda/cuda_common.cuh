@@ -99,9 +99,9 @@ struct Ctx {
   // Ring slots of the streaming matrix-vector kernel for one token of a large product (gemv_stream.cu: the lm_head);
   // 0 = off (MOECEL_CUDA_GEMV_STREAM: 0, 2, 3, 4 or 5).
   int gemv_stream = 2;
-  // Its tensor-core variant where the shape allows (MOECEL_CUDA_GEMV_STREAM_MMA; 0: CUDA-core sums, bit for bit the
-  // other matrix-vector kernels').
-  bool gemv_stream_mma = true;
+  // Its tensor-core variant where the shape allows (MOECEL_CUDA_GEMV_STREAM_MMA: 1 x as the int8 operand, 2 as bf16
+  // planes; 0: CUDA-core sums, bit for bit the other matrix-vector kernels').
+  int gemv_stream_mma = 1;
   // A zeroed device counter for kernels that finish with a "last block" epilogue (each resets it on exit).
   unsigned* block_counter = nullptr;
 };

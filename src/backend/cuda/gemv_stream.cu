@@ -6,6 +6,7 @@
 // the same; the tensor-core kernel (the default where the shape allows) agrees with them to f32 rounding.
 #include <algorithm>
 
+#include "backend/cuda/bulk_imma.cuh"
 #include "backend/cuda/bulk_mma.cuh"
 #include "backend/cuda/fused_moe_bulk.cuh"
 #include "backend/cuda/fused_moe_dot.cuh"
@@ -157,15 +158,18 @@ void launch_bits(const Ctx& ctx, const GemvArgs& a, size_t smem, int slots, int6
 // 16-row half w % 2 and a quarter of its groups, the quarters' sums added in order by 32 threads. The CUDA-core loop
 // above is issue-bound at ~3.5 instructions per weight; unpacking for the MMAs costs ~1.5. The logits agree with it
 // to f32 rounding, not bit for bit. Preconditions (launch_gemv_stream): out % kRows == 0, groups % (4 * kRot) == 0.
+// I8 (the default, Ctx::gemv_stream_mma == 1): x as kernel A's int8 operand (bulk_imma.cuh) and its group loop, fewer
+// instructions per weight than the bf16 planes' (as q/k/v and the o projection, thirty-fourth and thirty-fifth trees).
 constexpr int kQuarters = kWarps / 2;
-template <int BITS, int GS, typename ST>
+template <int BITS, int GS, typename ST, bool I8>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_stream_mma_kernel(GemvArgs a, int slots, int64_t n_tiles, ArgmaxTail tail) {
   extern __shared__ float4 smem4[];
   constexpr int kHalf = kMmaTileRows, R = bulk::kRot<BITS, GS>;
   const WeightView& w = a.w[0];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, t = lane & 3;
-  const int64_t in = w.in, n_chunks = in / kChunk, groups = in / GS, plane = mma_plane_bytes(in);
+  const int64_t in = w.in, n_chunks = in / kChunk, groups = in / GS;
+  const int64_t plane = I8 ? bulk::imma_plane_bytes<GS>(in) : mma_plane_bytes(in);
   const int64_t row_bytes = bulk::packed_row_bytes(in, BITS), srow = bulk::scale_row_bytes<ST>(in, GS);
   const int64_t half_bytes = bulk::RowTile<BITS, ST>::bytes(kHalf, row_bytes, srow);
   unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
@@ -173,8 +177,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* ring = smem + bulk::kBarBytes;
   float* xs = reinterpret_cast<float*>(ring + slots * 2 * half_bytes);
   unsigned char* planes = reinterpret_cast<unsigned char*>(xs + n_chunks * kChunkPad);
-  float* xsum = reinterpret_cast<float*>(planes + 3 * plane);
-  float* part = xsum + (groups + 3) / 4 * 4;  // two buffers of (kWarps, kHalf)
+  float* xsum = reinterpret_cast<float*>(planes + 3 * plane);  // bf16: group sums; int8: (sum, 2^-S) pairs
+  auto* xe = reinterpret_cast<float2*>(xsum);
+  float* part = xsum + (I8 ? 2 * groups : (groups + 3) / 4 * 4);  // two buffers of (kWarps, kHalf)
   const int64_t t0 = int64_t(blockIdx.x) * n_tiles / gridDim.x, t1 = int64_t(blockIdx.x + 1) * n_tiles / gridDim.x;
   auto half = [&](int s, int h) {
     return bulk::RowTile<BITS, ST>{ring + (2 * s + h) * half_bytes, row_bytes, srow, kHalf};
@@ -184,9 +189,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int h = 0; h < 2; ++h) bulk::issue_rows(w, tile * kRows + h * kHalf, kHalf, half(s, h), bar + s);
   };
   stream_prologue(a, slots, t0, t1, bar, xs, issue);
-  mma_stage_chunks<GS>(in, xs, planes, xsum);
+  if constexpr (I8) {
+    bulk::imma_stage<BITS, GS, 1>(
+        in,
+        [&](int64_t i, float(&v)[8]) {
+          const float* src = xs + (i / kChunk) * kChunkPad + i % kChunk;
+          const float4 lo = reinterpret_cast<const float4*>(src)[0], hi = reinterpret_cast<const float4*>(src)[1];
+          v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+        },
+        planes, xe);
+  } else {
+    mma_stage_chunks<GS>(in, xs, planes, xsum);
+  }
   __syncthreads();
-  const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * 16;
+  const unsigned char* bp = planes + (gid < 3 ? gid : 0) * plane + t * (I8 ? GS / 4 : 16);
+  const float lane_mul = bulk::imma_lane_mul(t);
   const int h = warp & 1, per = int(groups) / kQuarters, g0 = (warp >> 1) * per;
   float best_v = 0.0f;  // the argmax tail's: row threadIdx.x of every tile
   int best_i = -1;
@@ -195,7 +212,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(bar + s, unsigned(i / slots) & 1u);
     const bulk::RowTile<BITS, ST> tl = half(s, h);
     float acc[2] = {0.0f, 0.0f};  // rows gid, gid + 8 of the half
-    for (int g = g0; g < g0 + per; g += R) bulk::tile_groups_mma<BITS, GS, ST, R>(tl, g, bp, g, xsum, gid, t, acc);
+    for (int g = g0; g < g0 + per; g += R) {
+      if constexpr (I8) {
+        bulk::tile_groups_imma<BITS, GS, ST, R>(tl, g, bp, g, xe, gid, t, lane_mul, acc);
+      } else {
+        bulk::tile_groups_mma<BITS, GS, ST, R>(tl, g, bp, g, xsum, gid, t, acc);
+      }
+    }
 #pragma unroll
     for (int k = 0; k < 2; ++k) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 1);
     float* pb = part + (i & 1) * kWarps * kHalf;  // double-buffered: the next tile's writes need no second barrier
@@ -216,14 +239,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tail.out) stream_argmax_tail(tail, best_v, best_i);
 }
 
-template <int BITS, int GS>
-void launch_mma_gs(const Ctx& ctx, const GemvArgs& a, size_t smem, int slots, int64_t n_tiles, const ArgmaxTail& tail) {
+// Launches the walk with x's operand I8 (int8) or bf16; false, launching nothing, where its shared memory does not fit.
+template <int BITS, int GS, bool I8>
+bool launch_mma_gs(const Ctx& ctx, const GemvArgs& a, int slots, int64_t n_tiles, const ArgmaxTail& tail) {
+  const WeightView& w = a.w[0];
+  const int64_t groups = w.in / GS;
+  const int64_t row_bytes = bulk::packed_row_bytes(w.in, BITS), srow = bulk::scale_row_bytes_of(w);
+  const int64_t vec = I8 ? 3 * bulk::imma_plane_bytes<GS>(w.in) + groups * 8
+                         : 3 * mma_plane_bytes(w.in) + (groups + 3) / 4 * 4 * int64_t(sizeof(float));
+  const size_t smem = bulk::kBarBytes +
+                      size_t(slots) * 2 * size_t(bulk::RowTile<4, float>::bytes(kMmaTileRows, row_bytes, srow)) +
+                      bulk::staged_floats_bytes(w.in) + size_t(vec) + 2 * size_t(kWarps) * kMmaTileRows * sizeof(float);
+  if (smem > size_t(ctx.max_smem_optin)) return false;
   auto go = [&](auto kernel) { launch_resident(ctx, kernel, a, smem, slots, n_tiles, tail); };
-  switch (a.w[0].stype) {
-    case FloatType::kF32: go(gemv_stream_mma_kernel<BITS, GS, float>); break;
-    case FloatType::kF16: go(gemv_stream_mma_kernel<BITS, GS, __half>); break;
-    case FloatType::kBF16: go(gemv_stream_mma_kernel<BITS, GS, __nv_bfloat16>); break;
+  switch (w.stype) {
+    case FloatType::kF32: go(gemv_stream_mma_kernel<BITS, GS, float, I8>); break;
+    case FloatType::kF16: go(gemv_stream_mma_kernel<BITS, GS, __half, I8>); break;
+    case FloatType::kBF16: go(gemv_stream_mma_kernel<BITS, GS, __nv_bfloat16, I8>); break;
   }
+  return true;
 }
 
 // The tensor-core walk where its preconditions hold; false otherwise.
@@ -235,18 +269,14 @@ bool launch_mma_bits(const Ctx& ctx, const GemvArgs& a, int slots, int64_t n_til
   const int rot = gs == 32 ? bulk::kRot<BITS, 32> : gs == 64 ? bulk::kRot<BITS, 64> : bulk::kRot<BITS, 128>;
   const int64_t groups = w.in / gs;
   if (groups % (kQuarters * rot) != 0) return false;
-  const int64_t row_bytes = bulk::packed_row_bytes(w.in, BITS), srow = bulk::scale_row_bytes_of(w);
-  const size_t smem = bulk::kBarBytes +
-                      size_t(slots) * 2 * size_t(bulk::RowTile<4, float>::bytes(kMmaTileRows, row_bytes, srow)) +
-                      bulk::staged_floats_bytes(w.in) + 3 * size_t(mma_plane_bytes(w.in)) +
-                      size_t((groups + 3) / 4 * 4) * sizeof(float) + 2 * size_t(kWarps) * kMmaTileRows * sizeof(float);
-  if (smem > size_t(ctx.max_smem_optin)) return false;
-  switch (gs) {
-    case 32: launch_mma_gs<BITS, 32>(ctx, a, smem, slots, n_tiles, tail); break;
-    case 64: launch_mma_gs<BITS, 64>(ctx, a, smem, slots, n_tiles, tail); break;
-    default: launch_mma_gs<BITS, 128>(ctx, a, smem, slots, n_tiles, tail); break;
-  }
-  return true;
+  auto by_gs = [&]<bool I8>() {
+    switch (gs) {
+      case 32: return launch_mma_gs<BITS, 32, I8>(ctx, a, slots, n_tiles, tail);
+      case 64: return launch_mma_gs<BITS, 64, I8>(ctx, a, slots, n_tiles, tail);
+      default: return launch_mma_gs<BITS, 128, I8>(ctx, a, slots, n_tiles, tail);
+    }
+  };
+  return ctx.gemv_stream_mma == 1 ? by_gs.template operator()<true>() : by_gs.template operator()<false>();
 }
 
 }  // namespace
