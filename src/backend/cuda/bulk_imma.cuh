@@ -27,6 +27,12 @@ __host__ __device__ constexpr int64_t imma_plane_bytes(int64_t n) {
   return (n + 127) / 128 * 128 + (GS == 32 ? 32 : GS == 64 ? 64 : 16);
 }
 
+// Bytes of an n-value vector's whole operand: its three digit planes, then per group (sum, 2^-S) as a float2 (xe).
+template <int GS>
+__host__ __device__ constexpr int64_t imma_operand_bytes(int64_t n) {
+  return 3 * imma_plane_bytes<GS>(n) + (n / GS) * 8;
+}
+
 // 2^e as an f32, -126 <= e <= 127.
 __device__ __forceinline__ float exp2i(int e) {
   return __int_as_float((e + 127) << 23);

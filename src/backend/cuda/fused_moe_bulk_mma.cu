@@ -44,8 +44,7 @@ enum class Operand { kBf16, kBf16Rot, kInt8 };
 // 2^-S_g (int8; float2, at an 8-byte aligned offset).
 template <Operand OP, int GS>
 constexpr int64_t operand_bytes(int64_t n) {
-  return OP == Operand::kInt8 ? 3 * imma_plane_bytes<GS>(n) + (n / GS) * 8
-                              : 3 * mma_plane_bytes(n) + (n / GS + 3) / 4 * 16;
+  return OP == Operand::kInt8 ? imma_operand_bytes<GS>(n) : 3 * mma_plane_bytes(n) + (n / GS + 3) / 4 * 16;
 }
 
 // Kernel B's vector: the k act rows as one vector of k * ffn values in three bf16 planes (plane stride

@@ -214,8 +214,7 @@ bool launch_imma(const Ctx& ctx, GemvArgs& a, int tiles, bool res) {
     constexpr int kR = bulk::kRot<BITS, GS>;
     if (groups % (kWarps * kR) != 0) return;
     const size_t need = bulk::kBarBytes + size_t(tiles) * size_t(RowTile<BITS, ST>::bytes(kTileRows, row_bytes, srow)) +
-                        size_t(3 * bulk::imma_plane_bytes<GS>(w.in) + groups * 8) + size_t(kWarps) * rows * 4 +
-                        share_bytes;
+                        size_t(bulk::imma_operand_bytes<GS>(w.in)) + size_t(kWarps) * rows * 4 + share_bytes;
     if (need > size_t(ctx.max_smem_optin)) return;
     const dim3 grid{unsigned(blocks)};
     if (res && !s.parts) {

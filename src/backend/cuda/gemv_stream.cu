@@ -3,7 +3,7 @@
 // bulk copies, so the normalized x is staged once per block (not once per 16 rows, as gemv_bulk_kernel's thousands of
 // blocks do) and the ring keeps DRAM busy while the warps compute. The CUDA-core kernel's per-row arithmetic (staging,
 // normalization, chunk sums, the lane order of the dot product) is gemv_bulk_kernel's, so its logits are bit for bit
-// the same; the tensor-core kernel (the default where the shape allows) agrees with them to f32 rounding.
+// the same; the tensor-core kernel (the default where the shape allows) agrees with them to its operand's rounding.
 #include <algorithm>
 
 #include "backend/cuda/bulk_imma.cuh"
@@ -245,7 +245,7 @@ bool launch_mma_gs(const Ctx& ctx, const GemvArgs& a, int slots, int64_t n_tiles
   const WeightView& w = a.w[0];
   const int64_t groups = w.in / GS;
   const int64_t row_bytes = bulk::packed_row_bytes(w.in, BITS), srow = bulk::scale_row_bytes_of(w);
-  const int64_t vec = I8 ? 3 * bulk::imma_plane_bytes<GS>(w.in) + groups * 8
+  const int64_t vec = I8 ? bulk::imma_operand_bytes<GS>(w.in)
                          : 3 * mma_plane_bytes(w.in) + (groups + 3) / 4 * 4 * int64_t(sizeof(float));
   const size_t smem = bulk::kBarBytes +
                       size_t(slots) * 2 * size_t(bulk::RowTile<4, float>::bytes(kMmaTileRows, row_bytes, srow)) +
