@@ -1,6 +1,6 @@
-// The CPU fused decode-MoE path (see fused_moe.h). Pass 1: tasks over (slot, block of ffn rows) compute the
-// gate and up rows of the selected experts and write act(gate) * up in f32. Pass 2: tasks over blocks of hidden
-// rows run the k down products for their rows and sum them, weighted, in slot order. Rows use the same
+// The CPU fused decode-MoE path (see fused_moe.h). Pass 1: pieces of (slot, ffn row) pairs compute the gate
+// and up rows of the selected experts and write act(gate) * up in f32. Pass 2: pieces of (slot, hidden row)
+// pairs run the down products, then each row sums them, weighted, in slot order. Rows use the same
 // matrix-vector kernels as the gather path, so each dot product is bit-for-bit the gather path's.
 #include "backend/cpu/fused_moe.h"
 
@@ -11,6 +11,7 @@
 #include "backend/cpu/vec.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace moecel::cpu {
 namespace {
@@ -18,8 +19,9 @@ namespace {
 using detail::Kernels;
 using detail::Slice;
 
-// Rows per task: 64 rows of a 2048-wide 4-bit weight are 72 KB, enough to make a task's overhead negligible.
-constexpr int64_t kRows = 64;
+// Rows per piece (detail::run_parts): 32 rows of a 2048-wide 4-bit weight are 36 KB, enough to make taking a
+// piece cost nothing next to it.
+constexpr int64_t kRows = 32;
 
 }  // namespace
 
@@ -50,14 +52,17 @@ void fused_moe_decode(const LinearWeight& gate, const LinearWeight& up, const Li
   std::vector<float> px(size_t(detail::prep_floats(g0)));
   kg.prep(g0, x, px.data());
   std::vector<float> act_buf(size_t(k * ffn)), up_buf(size_t(k * ffn));
-  const int64_t ffn_blocks = (ffn + kRows - 1) / kRows;
-  detail::run_tasks(k * ffn_blocks, [&](int64_t task) {
-    const int64_t j = task / ffn_blocks, r0 = (task % ffn_blocks) * kRows, r1 = std::min(ffn, r0 + kRows);
-    float* a = act_buf.data() + j * ffn;
-    float* u = up_buf.data() + j * ffn;
-    kg.gemv(detail::make_slice(gate, indices[j]), px.data(), r0, r1, a);
-    kg.gemv(detail::make_slice(up, indices[j]), px.data(), r0, r1, u);
-    for (int64_t r = r0; r < r1; ++r) a[r] = glu_activation(act, a[r]) * u[r];
+  // Items are (slot, ffn row) pairs, slot-major: a thread's part walks each expert's rows in order.
+  detail::run_parts(k * ffn, kRows, [&](int64_t b, int64_t e) {
+    while (b < e) {  // a piece may span the end of one slot's rows and the start of the next
+      const int64_t j = b / ffn, r0 = b % ffn, r1 = std::min(ffn, r0 + (e - b));
+      float* a = act_buf.data() + j * ffn;
+      float* u = up_buf.data() + j * ffn;
+      kg.gemv(detail::make_slice(gate, indices[j]), px.data(), r0, r1, a);
+      kg.gemv(detail::make_slice(up, indices[j]), px.data(), r0, r1, u);
+      for (int64_t r = r0; r < r1; ++r) a[r] = glu_activation(act, a[r]) * u[r];
+      b += r1 - r0;
+    }
   });
 
   // Pass 2: out[r] = sum_j weights[j] * (down[e_j] @ act[j])[r], slots in order, one write per row.
@@ -66,16 +71,19 @@ void fused_moe_decode(const LinearWeight& gate, const LinearWeight& up, const Li
   const int64_t pf = detail::prep_floats(d0);
   std::vector<float> pact(size_t(k * pf));
   for (int64_t j = 0; j < k; ++j) kd.prep(d0, act_buf.data() + j * ffn, pact.data() + j * pf);
-  std::vector<float> y_buf(size_t(k * hidden));  // (k, hidden) down products, each row written by one task
-  const int64_t hidden_blocks = (hidden + kRows - 1) / kRows;
-  detail::run_tasks(hidden_blocks, [&](int64_t task) {
-    const int64_t r0 = task * kRows, r1 = std::min(hidden, r0 + kRows);
-    std::fill(out + r0, out + r1, 0.0f);
-    for (int64_t j = 0; j < k; ++j) {
-      float* y = y_buf.data() + j * hidden;
-      kd.gemv(detail::make_slice(down, indices[j]), pact.data() + j * pf, r0, r1, y);
-      axpy(weights[j], y + r0, out + r0, r1 - r0);  // the gather path's weighted sum, same order
+  std::vector<float> y_buf(size_t(k * hidden));  // (k, hidden) down products
+  // Items are (slot, hidden row) pairs, slot-major, as in pass 1.
+  detail::run_parts(k * hidden, kRows, [&](int64_t b, int64_t e) {
+    while (b < e) {
+      const int64_t j = b / hidden, r0 = b % hidden, r1 = std::min(hidden, r0 + (e - b));
+      kd.gemv(detail::make_slice(down, indices[j]), pact.data() + j * pf, r0, r1, y_buf.data() + j * hidden);
+      b += r1 - r0;
     }
+  });
+  // The gather path's weighted sum, slots in order.
+  parallel_for(hidden, 256, [&](int64_t r0, int64_t r1) {
+    std::fill(out + r0, out + r1, 0.0f);
+    for (int64_t j = 0; j < k; ++j) axpy(weights[j], y_buf.data() + j * hidden + r0, out + r0, r1 - r0);
   });
 }
 

@@ -14,7 +14,7 @@ inline float glu_activation(Activation act, float g);
 
 // out (hidden,) = sum_j weights[j] * down[e_j] @ act(gate[e_j] @ x, up[e_j] @ x), e_j = indices[j], j < k.
 // gate, up (n_experts, ffn, hidden) and down (n_experts, hidden, ffn) quantized with one group size;
-// x (hidden,). Each output is the sum over j in order 0..k-1, computed by one task: results do not depend on
+// x (hidden,). Each output is the sum over j in order 0..k-1 of whole dot products: results do not depend on
 // the thread count. Throws moecel::Error for an index outside [0, n_experts).
 void fused_moe_decode(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
                       const float* x, const int32_t* indices, const float* weights, int64_t k, float* out);

@@ -66,6 +66,11 @@ Slice make_slice(const LinearWeight& w, int64_t expert);
 Kernels select_kernels(const Slice& s);
 // Runs fn(task) for every task in [0, n_tasks) on the thread pool; every task runs exactly once.
 void run_tasks(int64_t n_tasks, const std::function<void(int64_t)>& fn);
+// Runs fn(begin, end) over [0, n) in pieces of a multiple of `grain` items (the last one shorter), each piece
+// exactly once. Each pool thread owns a contiguous part and walks it front to back; one that finishes early
+// takes pieces from the back of the others' parts. Piece bounds depend only on n, grain and the thread count,
+// never on which thread ran a piece.
+void run_parts(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 // Reads value i (bits wide) of a packed little-endian bit stream; the stream holds at least (i + 1) * bits bits.
 inline uint32_t unpack_value(const uint8_t* row, int64_t i, int bits) {
