@@ -129,10 +129,11 @@ void expect_dot(const TestWeight& tw, int64_t e, const float* x, const float* y,
   }
 }
 
-// Runs `body` with every kernel level this CPU has: AVX-512, AVX2 and the portable scalar kernels.
+// Runs `body` with every kernel level this CPU has: AVX-512 with VNNI, AVX-512, AVX2 and the portable kernels.
 template <class F>
 void all_paths(F body) {
-  for (cpu::SimdLevel level : {cpu::SimdLevel::kAvx512, cpu::SimdLevel::kAvx2, cpu::SimdLevel::kScalar}) {
+  for (cpu::SimdLevel level :
+       {cpu::SimdLevel::kAvx512Vnni, cpu::SimdLevel::kAvx512, cpu::SimdLevel::kAvx2, cpu::SimdLevel::kScalar}) {
     cpu::set_simd_level(level);
     if (cpu::simd_level() != level) continue;  // not on this CPU
     SCOPED_TRACE(cpu::simd_level_name(level));
@@ -301,6 +302,69 @@ TEST(CpuMatmul, DeterministicAcrossThreadCounts) {
   set_num_threads(saved);
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "1 vs 2 threads";
   EXPECT_EQ(0, std::memcmp(b.data(), c.data(), b.size() * 4)) << "rerun";
+}
+
+// y = w x at one level, as bits.
+std::vector<float> linear_at(cpu::SimdLevel level, const TestWeight& tw, const std::vector<float>& x) {
+  cpu::set_simd_level(level);
+  std::vector<float> y(size_t(tw.w.out));
+  cpu::linear(tw.w, 0, x.data(), 1, tw.w.in, y.data(), tw.w.out);
+  cpu::set_simd_enabled(true);
+  return y;
+}
+
+TEST(CpuMatmul, FixedPointKernelsOnWholeBlocks) {
+  // The VNNI kernels take whole 64-byte blocks of codes (in a multiple of 128 values for 4-bit, 64 for 8-bit)
+  // and chunks of 16 groups: full and partial chunks, every group size and scale dtype, rows past a multiple of
+  // 4, and inputs with an outlier and an all-zero group (the fixed point is per group).
+  cpu::set_simd_level(cpu::SimdLevel::kAvx512Vnni);
+  if (cpu::simd_level() != cpu::SimdLevel::kAvx512Vnni) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  for (int bits : {4, 8})
+    for (int gs : {32, 64, 128})
+      for (DType st : kFloatTypes)
+        for (int64_t in : {int64_t(2048), int64_t(16) * gs + 256}) {
+          const std::string what = fmt::format("bits {} gs {} scales {} in {}", bits, gs, dtype_name(st), in);
+          SCOPED_TRACE(what);
+          TestWeight tw = make_weight(bits, gs, st, 0, 37, in, uint32_t(bits * 100 + gs + in));
+          cpu::set_simd_level(cpu::SimdLevel::kAvx512Vnni);
+          for (int variant = 0; variant < 3; ++variant) {
+            std::vector<float> x = random_x(in, uint32_t(variant + in));
+            if (variant == 1) x[size_t(in / 3)] = 900.0f;
+            if (variant == 2) std::fill(x.begin() + gs, x.begin() + 2 * gs, 0.0f);
+            std::vector<float> y(37);
+            cpu::linear(tw.w, 0, x.data(), 1, in, y.data(), 37);
+            expect_dot(tw, 0, x.data(), y.data(), what + fmt::format(" variant {}", variant));
+          }
+        }
+  cpu::set_simd_enabled(true);
+}
+
+TEST(CpuMatmul, FixedPointKernelsHandOverInputsTheyCannotHold) {
+  // A NaN or infinity, or a group's largest |x| beyond 2^100 or below 2^-100, takes the portable kernel: the
+  // same bits as the scalar level.
+  cpu::set_simd_level(cpu::SimdLevel::kAvx512Vnni);
+  if (cpu::simd_level() != cpu::SimdLevel::kAvx512Vnni) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  for (int bits : {4, 8}) {
+    TestWeight tw = make_weight(bits, 64, DType::kBF16, 0, 21, 256, uint32_t(bits + 7));
+    const float odd_values[] = {NAN, INFINITY, 3e30f, 1e-31f};
+    for (float v : odd_values) {
+      SCOPED_TRACE(fmt::format("bits {} value {}", bits, v));
+      std::vector<float> x = random_x(256, 5);
+      if (v < 1e-20f)
+        for (int i = 64; i < 128; ++i) x[size_t(i)] *= v;  // a whole group far below 2^-100
+      else
+        x[70] = v;
+      std::vector<float> fixed = linear_at(cpu::SimdLevel::kAvx512Vnni, tw, x);
+      std::vector<float> portable = linear_at(cpu::SimdLevel::kScalar, tw, x);
+      ASSERT_EQ(0, std::memcmp(fixed.data(), portable.data(), fixed.size() * 4));
+      if (std::isfinite(v)) expect_dot(tw, 0, x.data(), fixed.data(), "finite");
+    }
+    // An ordinary vector does take the fixed point: not the portable kernel's bits.
+    std::vector<float> x = random_x(256, 6);
+    std::vector<float> fixed = linear_at(cpu::SimdLevel::kAvx512Vnni, tw, x);
+    std::vector<float> portable = linear_at(cpu::SimdLevel::kScalar, tw, x);
+    EXPECT_NE(0, std::memcmp(fixed.data(), portable.data(), fixed.size() * 4)) << "bits " << bits;
+  }
 }
 
 TEST(CpuMatmul, AgreesWithAffineReferenceDequantize) {

@@ -46,7 +46,8 @@ SimdLevel detect_level() {
   bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return avx512 ? SimdLevel::kAvx512 : avx2 ? SimdLevel::kAvx2 : SimdLevel::kScalar;
+  bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
+  return vnni ? SimdLevel::kAvx512Vnni : avx512 ? SimdLevel::kAvx512 : avx2 ? SimdLevel::kAvx2 : SimdLevel::kScalar;
 #else
   return SimdLevel::kScalar;
 #endif
@@ -54,12 +55,13 @@ SimdLevel detect_level() {
 
 SimdLevel env_cap() {
   const char* v = std::getenv("MOECEL_CPU_SIMD");
-  if (!v) return SimdLevel::kAvx512;
+  if (!v) return SimdLevel::kAvx512Vnni;
   std::string s(v);
   for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
   if (s == "0" || s == "off" || s == "false" || s == "no" || s == "scalar") return SimdLevel::kScalar;
   if (s == "avx2") return SimdLevel::kAvx2;
-  return SimdLevel::kAvx512;
+  if (s == "avx512") return SimdLevel::kAvx512;
+  return SimdLevel::kAvx512Vnni;
 }
 
 SimdLevel best_level() {
@@ -124,6 +126,7 @@ Kernels select_kernels(const Slice& s) {
   SimdLevel level = simd_level();
   if (level >= SimdLevel::kAvx2) detail::avx2_kernels(s, k);
   if (level >= SimdLevel::kAvx512) detail::avx512_kernels(s, k);
+  if (level >= SimdLevel::kAvx512Vnni) detail::avx512_vnni_kernels(s, k);
 #endif
   return k;
 }
@@ -285,7 +288,7 @@ void set_simd_level(SimdLevel level) {
 }
 
 void set_simd_enabled(bool enabled) {
-  set_simd_level(enabled ? SimdLevel::kAvx512 : SimdLevel::kScalar);
+  set_simd_level(enabled ? SimdLevel::kAvx512Vnni : SimdLevel::kScalar);
 }
 
 const char* simd_level_name(SimdLevel level) {
@@ -293,6 +296,7 @@ const char* simd_level_name(SimdLevel level) {
     case SimdLevel::kScalar: return "scalar";
     case SimdLevel::kAvx2: return "avx2";
     case SimdLevel::kAvx512: return "avx512";
+    case SimdLevel::kAvx512Vnni: return "avx512vnni";
   }
   return "?";
 }

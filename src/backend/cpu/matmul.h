@@ -23,9 +23,11 @@ void gather_linear(const LinearWeight& w, const float* x, bool x_per_slot, const
                    int64_t k, float* y);
 
 // Instruction-set levels of the kernels.
-enum class SimdLevel { kScalar, kAvx2, kAvx512 };
+// kAvx512Vnni adds, for 4- and 8-bit weights, kernels that take x in per-group fixed point (22 or 20 bits)
+// on VNNI's 8-bit dot products: within f32 rounding of the others, not bit for bit.
+enum class SimdLevel { kScalar, kAvx2, kAvx512, kAvx512Vnni };
 
-// The level in use: the best the CPU supports, capped at startup by MOECEL_CPU_SIMD (0/off/scalar, avx2) and
+// The level in use: the best the CPU supports, capped at startup by MOECEL_CPU_SIMD (0/off/scalar, avx2, avx512) and
 // afterwards by set_simd_level. For a given level, results are bitwise deterministic and do not depend on the
 // thread count.
 SimdLevel simd_level();

@@ -25,10 +25,14 @@ struct Slice {
   int64_t out = 0, in = 0;
 };
 
-// Floats of a prepared input vector: a kernel-specific copy of x (in), then per-group sums of x padded
-// with zeros to a multiple of 16 groups.
+// Floats of the per-group sums of x in a prepared vector, zero-padded to a multiple of 16 groups.
+inline int64_t sums_floats(const Slice& s) {
+  return ((s.groups + 15) / 16) * 16 + 16;
+}
+// Floats of a prepared input vector: a kernel-specific copy of x (in), the group sums, then room for the
+// VNNI kernels' fixed-point form of x (a header, a scale per group, 3 bytes per value, 64-byte aligned).
 inline int64_t prep_floats(const Slice& s) {
-  return s.in + ((s.groups + 15) / 16) * 16 + 16;
+  return s.in + sums_floats(s) + 16 + ((s.groups + 15) / 16) * 16 + (3 * s.in + 63) / 64 * 16 + 16;
 }
 
 // Prepares x (in,) for gemv: px gets prep_floats(s) floats.
@@ -57,6 +61,7 @@ void scalar_kernels(const Slice& s, Kernels& k);
 // Replace the entries they have fast versions of. Defined on x86-64 only; callers check the CPU first.
 void avx2_kernels(const Slice& s, Kernels& k);
 void avx512_kernels(const Slice& s, Kernels& k);
+void avx512_vnni_kernels(const Slice& s, Kernels& k);
 
 // ---- driver helpers (matmul.cpp), shared with the fused decode-MoE path ----
 

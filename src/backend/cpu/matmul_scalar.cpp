@@ -34,7 +34,7 @@ inline float load_elem(const uint8_t* base, DType t, int64_t i) {
 void prep_plain(const Slice& s, const float* x, float* px) {
   std::memcpy(px, x, sizeof(float) * size_t(s.in));
   float* sums = px + s.in;
-  int64_t padded = prep_floats(s) - s.in;
+  const int64_t padded = sums_floats(s);
   for (int64_t g = 0; g < padded; ++g) sums[g] = 0.0f;
   for (int64_t g = 0; g < s.groups; ++g) {
     double acc = 0.0;
