@@ -16,6 +16,7 @@ static inline bool moecel_fuzz_cpu_supports(const char* f) {
   if (strcmp(f, "avx512bw") == 0) return __builtin_cpu_supports("avx512bw");
   if (strcmp(f, "avx512vl") == 0) return __builtin_cpu_supports("avx512vl");
   if (strcmp(f, "avx512dq") == 0) return __builtin_cpu_supports("avx512dq");
+  if (strcmp(f, "avx512vnni") == 0) return __builtin_cpu_supports("avx512vnni");
   return false;  // a feature this shim does not know: take the portable path
 }
 #define __builtin_cpu_supports(f) moecel_fuzz_cpu_supports(f)
