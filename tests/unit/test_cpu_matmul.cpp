@@ -314,12 +314,12 @@ std::vector<float> linear_at(cpu::SimdLevel level, const TestWeight& tw, const s
 }
 
 TEST(CpuMatmul, FixedPointKernelsOnWholeBlocks) {
-  // The VNNI kernels take whole 64-byte blocks of codes (in a multiple of 128 values for 4-bit, 64 for 8-bit)
+  // The VNNI kernels take whole blocks of codes (in a multiple of 128 values for 4-bit, 64 for 6- and 8-bit)
   // and chunks of 16 groups: full and partial chunks, every group size and scale dtype, rows past a multiple of
   // 4, and inputs with an outlier and an all-zero group (the fixed point is per group).
   cpu::set_simd_level(cpu::SimdLevel::kAvx512Vnni);
   if (cpu::simd_level() != cpu::SimdLevel::kAvx512Vnni) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
-  for (int bits : {4, 8})
+  for (int bits : {4, 6, 8})
     for (int gs : {32, 64, 128})
       for (DType st : kFloatTypes)
         for (int64_t in : {int64_t(2048), int64_t(16) * gs + 256}) {
@@ -344,7 +344,7 @@ TEST(CpuMatmul, FixedPointKernelsHandOverInputsTheyCannotHold) {
   // same bits as the scalar level.
   cpu::set_simd_level(cpu::SimdLevel::kAvx512Vnni);
   if (cpu::simd_level() != cpu::SimdLevel::kAvx512Vnni) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
-  for (int bits : {4, 8}) {
+  for (int bits : {4, 6, 8}) {
     TestWeight tw = make_weight(bits, 64, DType::kBF16, 0, 21, 256, uint32_t(bits + 7));
     const float odd_values[] = {NAN, INFINITY, 3e30f, 1e-31f};
     for (float v : odd_values) {

@@ -23,7 +23,7 @@ void gather_linear(const LinearWeight& w, const float* x, bool x_per_slot, const
                    int64_t k, float* y);
 
 // Instruction-set levels of the kernels.
-// kAvx512Vnni adds, for 4- and 8-bit weights, kernels that take x in per-group fixed point (22 or 20 bits)
+// kAvx512Vnni adds, for 4-, 6- and 8-bit weights, kernels that take x in per-group fixed point (22 or 20 bits)
 // on VNNI's 8-bit dot products: within f32 rounding of the others, not bit for bit.
 enum class SimdLevel { kScalar, kAvx2, kAvx512, kAvx512Vnni };
 

@@ -1,11 +1,11 @@
-// AVX-512 VNNI matrix-vector kernels for 4- and 8-bit affine weights, chosen at run time over the AVX-512 ones.
+// AVX-512 VNNI matrix-vector kernels for 4-, 6- and 8-bit affine weights, chosen at run time over the AVX-512 ones.
 // x is taken in per-group fixed point: q = rint(x 2^S_g) with |q| <= 2^22 (2^20 with 8-bit codes), S_g from the
 // group's largest |x|, held as three signed 8-bit digits (q = 65536 d2 + 256 d1 + d0). vpdpbusd multiplies the
 // raw u8 codes by each digit with exact s32 sums, and a shift-and-add chain gives sum(code * q) per lane (at most
-// 8 * 15 * 2^22 or 4 * 255 * 2^20: inside s32). A group then adds s_g 2^-S_g times that, and b_g sum(x_g) from the
-// exact group sums. A value's error is at most 2^-23 (2^-21) of its group's largest |x|, within f32 rounding of
-// the f32 kernels, for about half their instructions per weight. A vector the fixed point cannot hold (a value
-// not finite, a group's largest |x| outside [2^-100, 2^100]) takes the portable kernel instead.
+// 8 * 15 * 2^22, 4 * 63 * 2^22 or 4 * 255 * 2^20: inside s32). A group then adds s_g 2^-S_g times that, and b_g
+// sum(x_g) from the exact group sums. A value's error is at most 2^-23 (2^-21) of its group's largest |x|, within f32
+// rounding of the f32 kernels, for about half their instructions per weight. A vector the fixed point cannot hold (a
+// value not finite, a group's largest |x| outside [2^-100, 2^100]) takes the portable kernel instead.
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -22,13 +22,16 @@ namespace {
 
 using namespace avx512;
 
-// Values per 64-byte block of codes, and per 32-bit lane of it.
+// Values per block of codes (64 bytes of 4- or 8-bit codes, 48 of 6-bit), and per 32-bit lane once unpacked.
 template <int BITS>
 constexpr int kBlock = BITS == 4 ? 128 : 64;
 template <int BITS>
-constexpr int kLane = BITS == 4 ? 8 : 4;
+constexpr int kBlockBytes = kBlock<BITS>* BITS / 8;
 template <int BITS>
-constexpr int kQBits = BITS == 4 ? 22 : 20;
+constexpr int kLane = BITS == 4 ? 8 : 4;
+// |q| <= 2^Q keeps a lane's sum inside s32: 8 * 15 * 2^22, 4 * 63 * 2^22, 4 * 255 * 2^20.
+template <int BITS>
+constexpr int kQBits = BITS == 8 ? 20 : 22;
 
 // The fixed-point form of x, after prep_plain's floats (x, then the group sums) in the prepared vector; F is
 // float or const float.
@@ -60,7 +63,8 @@ MOECEL_VNNI inline void split_digits(__m512i q, __m128i& d2, __m128i& d1, __m128
 }
 
 // The digits of a block: 4-bit codes hold values 2m (low nibble) and 2m+1 (high) in byte m, so a block's
-// digits are [d2 even, d2 odd, d1 even, d1 odd, d0 even, d0 odd], 64 bytes each; 8-bit codes: [d2, d1, d0].
+// digits are [d2 even, d2 odd, d1 even, d1 odd, d0 even, d0 odd], 64 bytes each; 6- and 8-bit codes (one
+// byte per value once unpacked): [d2, d1, d0].
 template <int BITS>
 MOECEL_VNNI void prep_fixed(const Slice& s, const float* x, float* px) {
   prep_plain(s, x, px);
@@ -107,10 +111,32 @@ MOECEL_VNNI void prep_fixed(const Slice& s, const float* x, float* px) {
   f.header[0] = 1.0f;
 }
 
-// sum(code * q) per lane of one 64-byte block of codes.
+// The 64 6-bit codes of 48 bytes, one per byte: each 3 bytes (4 codes, bits 6i..6i+5) go to a dword, whose
+// four bytes then take bits 0-5, 6-11, 12-17 and 18-23. A masked load: the block may end the tensor.
+MOECEL_VNNI inline __m512i unpack6(const uint8_t* w) {
+  const __m512i src = _mm512_maskz_loadu_epi32(0x0fff, w);
+  // 128-bit lane L gets bytes 12L..12L+15, then dword j of it bytes 3j..3j+2.
+  const __m512i lanes =
+      _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 2, 3, 3, 4, 5, 6, 6, 7, 8, 9, 9, 10, 11, 12), src);
+  const __m512i d = _mm512_shuffle_epi8(
+      lanes, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1)));
+  // (a & c) | (b & ~c): byte 0 from d, 1 from d << 2, 2 from d << 4, 3 from d << 6, then 6 bits of each.
+  constexpr int kSelect = 0xe4;
+  const __m512i lo = _mm512_ternarylogic_epi32(d, _mm512_slli_epi32(d, 2), _mm512_set1_epi32(0x000000ff), kSelect);
+  const __m512i hi = _mm512_ternarylogic_epi32(_mm512_slli_epi32(d, 4), _mm512_slli_epi32(d, 6),
+                                               _mm512_set1_epi32(0x00ff0000), kSelect);
+  const __m512i codes = _mm512_ternarylogic_epi32(lo, hi, _mm512_set1_epi32(0x0000ffff), kSelect);
+  return _mm512_and_si512(codes, _mm512_set1_epi32(0x3f3f3f3f));
+}
+
+// sum(code * q) per lane of one block of codes.
 template <int BITS>
 MOECEL_VNNI inline __m512i block_dot(const uint8_t* w, const __m512i (&xd)[6]) {
-  const __m512i v = _mm512_loadu_si512(w);
+  __m512i v;
+  if constexpr (BITS == 6)
+    v = unpack6(w);
+  else
+    v = _mm512_loadu_si512(w);
   const __m512i z = _mm512_setzero_si512();
   if constexpr (BITS == 4) {
     const __m512i m4 = _mm512_set1_epi8(15);
@@ -156,7 +182,7 @@ MOECEL_VNNI void fixed_rows(const Slice& s, const Fixed<const float>& f, const f
       for (int k = 0; k < kDigits; ++k) xd[k] = _mm512_load_si512(d + k * 64);
       MOECEL_UNROLL
       for (int i = 0; i < R; ++i) {
-        const uint8_t* w = p.w[i] + (b0 + b) * 64;
+        const uint8_t* w = p.w[i] + (b0 + b) * kBlockBytes<BITS>;
         prefetch_ahead(w, R * s.row_bytes);
         const __m512 dot = _mm512_cvtepi32_ps(block_dot<BITS>(w, xd));
         tot[i] = _mm512_fmadd_ps(dot, _mm512_permutexvar_ps(idx, sv[i]), tot[i]);
@@ -204,12 +230,14 @@ GemvFn gemv_for_scales(DType st, int group_size) {
 }  // namespace
 
 void avx512_vnni_kernels(const Slice& s, Kernels& k) {
-  if (s.bits != 4 && s.bits != 8) return;
+  if (s.bits != 4 && s.bits != 6 && s.bits != 8) return;
   const int64_t block = s.bits == 4 ? kBlock<4> : kBlock<8>;
-  if (s.in % block != 0) return;  // whole 64-byte blocks of codes only; the others keep the AVX-512 kernels
-  GemvFn gemv = s.bits == 4 ? gemv_for_scales<4>(s.sdtype, s.group_size) : gemv_for_scales<8>(s.sdtype, s.group_size);
+  if (s.in % block != 0) return;  // whole blocks of codes only; the others keep the AVX-512 kernels
+  GemvFn gemv = s.bits == 4   ? gemv_for_scales<4>(s.sdtype, s.group_size)
+                : s.bits == 6 ? gemv_for_scales<6>(s.sdtype, s.group_size)
+                              : gemv_for_scales<8>(s.sdtype, s.group_size);
   if (!gemv) return;
-  k.prep = s.bits == 4 ? prep_fixed<4> : prep_fixed<8>;
+  k.prep = s.bits == 4 ? prep_fixed<4> : s.bits == 6 ? prep_fixed<6> : prep_fixed<8>;
   k.gemv = gemv;
 }
 
