@@ -10,6 +10,7 @@
 
 #include "backend/cpu/fused_moe.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_internal.h"
 #include "backend/cpu/vec.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
@@ -118,33 +119,45 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
   const int64_t n = q.numel() / q_width;
   MOECEL_CHECK(n_heads % n_kv_heads == 0, "attention: n_heads {} not a multiple of n_kv_heads {}", n_heads, n_kv_heads);
   const int group = n_heads / n_kv_heads;
-  parallel_for(n * n_heads, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> scores;
-    for (int64_t job = b; job < e; ++job) {
-      const int64_t t = job / n_heads;
-      const int h = int(job % n_heads);
-      const int64_t last = pos0 + t;  // causal: attend to [first, last]
-      const int64_t first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
-      const float* qv = q.ptr<float>() + t * q_width + int64_t(h) * head_dim;
-      const int64_t kv_off = int64_t(h / group) * head_dim;
-      scores.resize(size_t(last - first + 1));
-      float mx = -INFINITY;
-      for (int64_t p = first; p <= last; ++p) {
-        const float* kv = k_cache.ptr<float>() + p * kv_width + kv_off;
-        const float s = cpu::dot(qv, kv, head_dim) * scale;
-        scores[size_t(p - first)] = s;
-        mx = std::max(mx, s);
-      }
-      float sum = 0;
-      for (float& s : scores) sum += (s = std::exp(s - mx));
-      float* o = out.ptr<float>() + t * q_width + int64_t(h) * head_dim;
-      std::fill(o, o + head_dim, 0.0f);
-      for (int64_t p = first; p <= last; ++p) {
-        const float pw = scores[size_t(p - first)] / sum;
-        cpu::axpy(pw, v_cache.ptr<float>() + p * kv_width + kv_off, o, head_dim);
+  // Heads [h0, h1) of token t. They walk the cache rows together, position by position, so each row is read
+  // once and in order (a row's heads are adjacent); per head the arithmetic and its order are those of one head
+  // alone.
+  auto heads = [&](int64_t t, int h0, int h1) {
+    const int64_t last = pos0 + t;  // causal: attend to [first, last]
+    const int64_t first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
+    const int64_t len = last - first + 1, nh = h1 - h0;
+    const float* qt = q.ptr<float>() + t * q_width;
+    float* ot = out.ptr<float>() + t * q_width;
+    auto kv_off = [&](int h) { return int64_t(h / group) * head_dim; };
+    std::vector<float> scores(size_t(nh * len)), mx(size_t(nh), -INFINITY), sum(size_t(nh), 0.0f);  // (nh, len)
+    for (int64_t p = first; p <= last; ++p) {
+      const float* krow = k_cache.ptr<float>() + p * kv_width;
+      for (int h = h0; h < h1; ++h) {
+        const float s = cpu::dot(qt + int64_t(h) * head_dim, krow + kv_off(h), head_dim) * scale;
+        scores[size_t((h - h0) * len + (p - first))] = s;
+        mx[size_t(h - h0)] = std::max(mx[size_t(h - h0)], s);
       }
     }
-  });
+    for (int64_t i = 0; i < nh; ++i)
+      for (int64_t p = 0; p < len; ++p) {
+        float& s = scores[size_t(i * len + p)];
+        sum[size_t(i)] += (s = std::exp(s - mx[size_t(i)]));
+      }
+    std::fill(ot + int64_t(h0) * head_dim, ot + int64_t(h1) * head_dim, 0.0f);
+    for (int64_t p = first; p <= last; ++p) {
+      const float* vrow = v_cache.ptr<float>() + p * kv_width;
+      for (int h = h0; h < h1; ++h) {
+        const float pw = scores[size_t((h - h0) * len + (p - first))] / sum[size_t(h - h0)];
+        cpu::axpy(pw, vrow + kv_off(h), ot + int64_t(h) * head_dim, head_dim);
+      }
+    }
+  };
+  // One token: its heads split over the threads. Several: a token (all heads) per task, handed out in turn,
+  // since later tokens attend to more rows.
+  if (n == 1)
+    parallel_for(n_heads, 1, [&](int64_t b, int64_t e) { heads(0, int(b), int(e)); });
+  else
+    cpu::detail::run_tasks(n, [&](int64_t t) { heads(t, 0, n_heads); });
 }
 
 void CpuBackend::glu(Activation act, const Tensor& gate, const Tensor& up, Tensor& out) {
