@@ -139,5 +139,16 @@ TEST_F(CliTest, MissingFolderAndBadOptions) {
   EXPECT_NE(r.err.find("--max-tokens"), std::string::npos) << r.err;
 }
 
+TEST_F(CliTest, UnknownCpuSimdLevel) {
+  // A misspelt level must not quietly run another kernel set than the one a benchmark asked for.
+  ::setenv("MOECEL_CPU_SIMD", "avx3", 1);
+  const test::CliResult bad = run_cli("generate --model " + model() + " --prompt-ids 1,2 --max-tokens 2");
+  ::setenv("MOECEL_CPU_SIMD", "AVX2", 1);
+  const test::CliResult good = run_cli("generate --model " + model() + " --prompt-ids 1,2 --max-tokens 2");
+  ::unsetenv("MOECEL_CPU_SIMD");
+  expect_error(bad, "MOECEL_CPU_SIMD='avx3'");
+  EXPECT_EQ(good.exit_code, 0) << good.err;
+}
+
 }  // namespace
 }  // namespace moecel

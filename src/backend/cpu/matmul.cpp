@@ -55,13 +55,17 @@ SimdLevel detect_level() {
 
 SimdLevel env_cap() {
   const char* v = std::getenv("MOECEL_CPU_SIMD");
-  if (!v) return SimdLevel::kAvx512Vnni;
+  if (!v || !*v) return SimdLevel::kAvx512Vnni;
   std::string s(v);
   for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
   if (s == "0" || s == "off" || s == "false" || s == "no" || s == "scalar") return SimdLevel::kScalar;
   if (s == "avx2") return SimdLevel::kAvx2;
   if (s == "avx512") return SimdLevel::kAvx512;
-  return SimdLevel::kAvx512Vnni;
+  if (s == "avx512vnni" || s == "vnni" || s == "best" || s == "1" || s == "on" || s == "true" || s == "yes") {
+    return SimdLevel::kAvx512Vnni;
+  }
+  // A typo must not silently benchmark a different kernel set than the one asked for.
+  fail("MOECEL_CPU_SIMD='{}': expected scalar (or 0/off), avx2, avx512, avx512vnni or best", v);
 }
 
 SimdLevel best_level() {

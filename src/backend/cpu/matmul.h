@@ -27,9 +27,9 @@ void gather_linear(const LinearWeight& w, const float* x, bool x_per_slot, const
 // on VNNI's 8-bit dot products: within f32 rounding of the others, not bit for bit.
 enum class SimdLevel { kScalar, kAvx2, kAvx512, kAvx512Vnni };
 
-// The level in use: the best the CPU supports, capped at startup by MOECEL_CPU_SIMD (0/off/scalar, avx2, avx512) and
-// afterwards by set_simd_level. For a given level, results are bitwise deterministic and do not depend on the
-// thread count.
+// The level in use: the best the CPU supports, capped at startup by MOECEL_CPU_SIMD (0/off/scalar, avx2, avx512,
+// avx512vnni/best; anything else is an error) and afterwards by set_simd_level. For a given level, results are bitwise
+// deterministic and do not depend on the thread count.
 SimdLevel simd_level();
 // Caps the level (for tests and benchmarks); a level the CPU lacks falls back to the best one it has.
 void set_simd_level(SimdLevel level);
