@@ -132,7 +132,13 @@ void install_from_env() {
   while (!list.empty()) {
     const size_t comma = list.find(',');
     const std::string_view item = list.substr(0, comma);
-    if (item == "moe" || item == "all") want = true;
+    if (item == "moe" || item == "all") {
+      want = true;
+    } else if (!item.empty()) {
+      // A misspelt category would otherwise print nothing, which reads like a run with no MoE layers.
+      const std::string msg = printable_message(std::string(item));
+      std::fprintf(stderr, "moecel: MOECEL_TRACE: unknown category '%s' ignored (known: moe, all)\n", msg.c_str());
+    }
     list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
   }
   if (want) std::atexit(print_totals);

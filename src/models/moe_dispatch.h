@@ -56,7 +56,8 @@ void replayed_step(const Counts& per_step);
 void dispatch(bool fused);
 
 // With MOECEL_TRACE naming "moe" (a comma-separated list; "all" too), prints at exit, on stderr, one line
-// "moe dispatch: decode_steps=S fused=F gather=G". Call once, early in main.
+// "moe dispatch: decode_steps=S fused=F gather=G"; an unknown category gets a one-line warning. Call once, early in
+// main.
 void install_from_env();
 
 }  // namespace moe_trace

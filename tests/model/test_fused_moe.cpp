@@ -233,6 +233,30 @@ TEST(FusedMoeTraceCli, PrefillIsNotADecodeStep) {
   EXPECT_EQ(t.gather, 0) << r.err;
 }
 
+TEST(FusedMoeTraceCli, UnknownCategoryIsReported) {
+  test::ScratchDir dir("trace-category");
+  ASSERT_EQ(test::run_cli("make-test-model --preset tiny --bits 4 --out '" + dir.str() + "/m'").exit_code, 0);
+  auto run = [&](const std::string& value) {
+    const std::string cmd = "env MOECEL_TRACE='" + value + "' '" + std::string(MOECEL_BINARY) + "' generate --model '" +
+                            dir.str() + "/m' --prompt-ids 5 --max-tokens 3 --ignore-eos >/dev/null 2>'" + dir.str() +
+                            "/e'";
+    test::CliResult r;
+    r.exit_code = std::system(cmd.c_str());
+    r.err = test::read_text(dir.str() + "/e");
+    return r;
+  };
+  // A misspelt category: a warning naming it, no trace line, and the run itself unaffected.
+  const test::CliResult typo = run("meo");
+  EXPECT_EQ(typo.exit_code, 0) << typo.err;
+  EXPECT_NE(typo.err.find("MOECEL_TRACE: unknown category 'meo'"), std::string::npos) << typo.err;
+  EXPECT_EQ(typo.err.find("moe dispatch:"), std::string::npos) << typo.err;
+  // Beside a known one, the known one still counts.
+  const test::CliResult both = run("ops,moe");
+  EXPECT_EQ(both.exit_code, 0) << both.err;
+  EXPECT_NE(both.err.find("unknown category 'ops'"), std::string::npos) << both.err;
+  EXPECT_EQ(parse_trace(both).steps, 2) << both.err;
+}
+
 TEST(FusedMoeTraceCli, BadFlagValuesAreErrors) {
   const test::CliResult r = test::run_cli("generate --prompt-ids 1 --max-tokens 1 --fused-moe sometimes");
   EXPECT_EQ(r.exit_code, 1);
