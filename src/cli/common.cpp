@@ -24,8 +24,10 @@ void add_common_options(CLI::App* sub, CommonOptions& o, bool with_model) {
 
 std::unique_ptr<Backend> make_backend(const CommonOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
+  // Read MOECEL_FUSED_MOE* now, so a bad value stops the command before it loads or prints anything
+  // (the first MoE layer would otherwise read them mid-generation).
+  FusedMoeSettings s = fused_moe_settings();
   if (!o.fused_moe.empty()) {
-    FusedMoeSettings s = fused_moe_settings();
     s.enabled = parse_on_off(o.fused_moe.c_str(), "--fused-moe");
     set_fused_moe_settings(s);
   }

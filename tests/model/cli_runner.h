@@ -39,11 +39,13 @@ struct ScratchDir {
   std::string str() const { return path.string(); }
 };
 
-// Runs `moecel ARGS` (ARGS already shell-quoted as needed).
-inline CliResult run_cli(const std::string& args) {
+// Runs `moecel ARGS` (ARGS already shell-quoted as needed), with ENV (NAME=VALUE ..., shell-quoted) added to
+// its environment.
+inline CliResult run_cli(const std::string& args, const std::string& env = "") {
   ScratchDir tmp("cli");
   const std::string out = tmp.str() + "/out", err = tmp.str() + "/err";
-  const std::string cmd = std::string("'") + MOECEL_BINARY + "' " + args + " >'" + out + "' 2>'" + err + "'";
+  const std::string cmd = (env.empty() ? std::string() : "env " + env + " ") + "'" + MOECEL_BINARY + "' " + args +
+                          " >'" + out + "' 2>'" + err + "'";
   const int status = std::system(cmd.c_str());
   CliResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);

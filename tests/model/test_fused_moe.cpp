@@ -261,10 +261,14 @@ TEST(FusedMoeTraceCli, BadFlagValuesAreErrors) {
   const test::CliResult r = test::run_cli("generate --prompt-ids 1 --max-tokens 1 --fused-moe sometimes");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--fused-moe='sometimes'"), std::string::npos) << r.err;
-  const std::string cmd = "env MOECEL_FUSED_MOE_MAX_DFF=big '" + std::string(MOECEL_BINARY) +
-                          "' generate --prompt-ids 1 --max-tokens 1 >/dev/null 2>/dev/null";
-  const int status = std::system(cmd.c_str());
-  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 1);
+  // The environment's values are checked before anything is generated: the prompt is not echoed first.
+  for (const char* env : {"MOECEL_FUSED_MOE_MAX_DFF=big", "MOECEL_FUSED_MOE=maybe"}) {
+    const test::CliResult e = test::run_cli("generate --prompt 'The history of the city' --max-tokens 1", env);
+    EXPECT_EQ(e.exit_code, 1) << env << ": " << e.err;
+    EXPECT_EQ(e.out, "") << env;
+    const std::string name = std::string(env).substr(0, std::string(env).find('=') + 1);
+    EXPECT_NE(e.err.find(name + "'"), std::string::npos) << env << ": " << e.err;
+  }
 }
 
 }  // namespace
