@@ -10,7 +10,12 @@
 //            counter (release/acquire), stage the vector, consume the slots, write their slice and count in.
 // Both consume each 16 bytes of weights with `--work` dependent FMAs per thread (kernel A's tensor-core loop is
 // ~48 instructions per 16 bytes of weights). Prints microseconds per layer for each. Built only with the CUDA backend.
-// Usage: bench_cuda_pipeline [--layers N] [--reps N] [--work N] [--slots N]
+// --merge 1 models kernels A and B as one launch: the expert phase streams all 28.3 MB after the router (split along
+// the experts' intermediate dimension, so no block waits for another), and with --atomics 1 every block then adds its
+// partial output vector into 64-bit words with red.global.add (a fixed-point reduction needs no ordering). --chunked 1
+// gives each of a pdl block's 32 KB copies its own barrier, consumed as it lands.
+// Usage: bench_cuda_pipeline [--layers N] [--reps N] [--work N] [--slots N] [--merge 0|1] [--atomics 0|1]
+//        [--chunked 0|1]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -30,6 +35,7 @@ constexpr int kRouter = 3;         // the phase whose output the expert phases' 
 constexpr int kCompute = 256;      // compute threads per block (8 warps)
 constexpr int kChunk = 32 * 1024;  // bytes per ring slot (stream) and per copy (pdl)
 constexpr int kMaxSlots = 7;
+constexpr int kMaxChunks = 8;  // 32 KB copies of one block's share (pdl, --chunked 1)
 // Bytes of each phase's weights (4-bit, group 64, f16 scales and biases: 4.5 bits per weight).
 constexpr double kPhaseMB[kPhases] = {7.08, 0.0, 2.43, 0.0, 18.87, 9.44};
 // The phases whose rows are known only once the router phase is done (kernels A and B).
@@ -45,7 +51,8 @@ struct Layout {
   float* vec = nullptr;      // (layers * kPhases + 1, kH): phase g reads vector g, writes g + 1
   unsigned* done = nullptr;  // (layers * kPhases): blocks finished with phase g (stream), grows by grid per rep
   unsigned* sink = nullptr;  // keeps the consumed words alive
-  int layers = 0, work = 0, slots = 0;
+  unsigned long long* words = nullptr;  // (kH): the merged expert phase's fixed-point sums (--atomics)
+  int layers = 0, work = 0, slots = 0, atomics = 0, chunked = 0;
 };
 
 // Bytes of the chunk at offset o of a share of `bytes`.
@@ -100,20 +107,26 @@ __device__ __forceinline__ void write_slice(const float* x, float* y, float inv,
   }
 }
 
-// One phase as its own launch (grid x kCompute threads, dynamic shared memory: the block's share).
+// One phase as its own launch (grid x kCompute threads, dynamic shared memory: the block's share). With L.chunked
+// each 32 KB copy has its own barrier and is consumed as it lands (kernel A's gate rows while up's arrive).
 __global__ void __launch_bounds__(kCompute) phase_kernel(Layout L, int layer, int ph) {
   extern __shared__ float4 smem4[];
-  __shared__ uint64_t bar;
+  __shared__ uint64_t bar[kMaxChunks];
   __shared__ float red[kCompute / 32];
   unsigned char* tile = reinterpret_cast<unsigned char*>(smem4);
   const int64_t bytes = L.per_block[ph];
+  const int n_bars = L.chunked ? int((bytes + kChunk - 1) / kChunk) : 1;
   const unsigned char* src = L.w + layer * L.layer_bytes + L.phase_off[ph] + blockIdx.x * bytes;
-  if (threadIdx.x == 0) mbar_init(&bar, 1);
+  if (threadIdx.x < n_bars) mbar_init(&bar[threadIdx.x], 1);
   __syncthreads();
   auto issue = [&] {
     if (threadIdx.x != 0 || bytes == 0) return;
-    mbar_arrive_expect(&bar, unsigned(bytes));
-    for (int64_t o = 0; o < bytes; o += kChunk) bulk_copy(tile + o, src + o, chunk_bytes(bytes, o), &bar);
+    if (!L.chunked) mbar_arrive_expect(&bar[0], unsigned(bytes));
+    for (int64_t o = 0; o < bytes; o += kChunk) {
+      uint64_t* b = L.chunked ? &bar[o / kChunk] : &bar[0];
+      if (L.chunked) mbar_arrive_expect(b, chunk_bytes(bytes, o));
+      bulk_copy(tile + o, src + o, chunk_bytes(bytes, o), b);
+    }
   };
   if (!dependent(ph)) issue();
   pdl_wait();
@@ -122,11 +135,19 @@ __global__ void __launch_bounds__(kCompute) phase_kernel(Layout L, int layer, in
   const int g = layer * kPhases + ph;
   const float inv = stage_vector<false>(L.vec + int64_t(g) * kH, red);
   float acc = 0.0f;
-  if (bytes > 0) {
-    mbar_wait(&bar, 0);
+  if (bytes > 0 && !L.chunked) {
+    mbar_wait(&bar[0], 0);
     acc = consume(tile, int(bytes), L.work, acc);
   }
+  for (int64_t o = 0; L.chunked && o < bytes; o += kChunk) {
+    mbar_wait(&bar[o / kChunk], 0);
+    acc = consume(tile + o, int(chunk_bytes(bytes, o)), L.work, acc);
+  }
   write_slice(L.vec + int64_t(g) * kH, L.vec + int64_t(g + 1) * kH, inv, acc);
+  if (L.atomics && ph == 4) {  // the merged expert phase's partial output, every element of it
+    const long long q = __float2ll_rn(acc * 4294967296.0f);
+    for (int i = threadIdx.x; i < kH; i += kCompute) atomicAdd(L.words + i, (unsigned long long)(q + i));
+  }
   if (acc == 12345.0f) L.sink[0] = 1;
 }
 
@@ -208,14 +229,28 @@ int main(int argc, char** argv) {
   const int reps = moecel::bench::arg_int(argc, argv, "--reps", 20);
   L.work = moecel::bench::arg_int(argc, argv, "--work", 48);
   L.slots = std::clamp(moecel::bench::arg_int(argc, argv, "--slots", 6), 2, kMaxSlots);
+  const bool merge = moecel::bench::arg_int(argc, argv, "--merge", 0) != 0;
+  L.atomics = merge && moecel::bench::arg_int(argc, argv, "--atomics", 0) != 0;
+  L.chunked = moecel::bench::arg_int(argc, argv, "--chunked", 0) != 0;
+  double phase_mb[kPhases];
+  std::copy(kPhaseMB, kPhaseMB + kPhases, phase_mb);
+  if (merge) {  // kernel B's bytes move into kernel A's phase; phase 5 is not launched
+    phase_mb[4] += phase_mb[5];
+    phase_mb[5] = 0.0;
+  }
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   int64_t max_share = 0;
   for (int ph = 0; ph < kPhases; ++ph) {
-    L.per_block[ph] = (int64_t(kPhaseMB[ph] * 1e6 / sms) + 15) / 16 * 16;
+    L.per_block[ph] = (int64_t(phase_mb[ph] * 1e6 / sms) + 15) / 16 * 16;
     L.phase_off[ph] = L.layer_bytes;
     L.layer_bytes += L.per_block[ph] * sms;
     max_share = std::max(max_share, L.per_block[ph]);
+  }
+  if (L.chunked && max_share > int64_t(kMaxChunks) * kChunk) {
+    std::printf("--chunked 1: a block's share (%lld bytes) needs more than %d barriers\n", (long long)max_share,
+                kMaxChunks);
+    return 1;
   }
   unsigned char* w;
   CUDA_CHECK(cudaMalloc(&w, size_t(L.layer_bytes) * L.layers));
@@ -228,10 +263,13 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaMalloc(&L.done, size_t(n_vec) * 4));
   CUDA_CHECK(cudaMemset(L.done, 0, size_t(n_vec) * 4));
   CUDA_CHECK(cudaMalloc(&L.sink, 4));
+  CUDA_CHECK(cudaMalloc(&L.words, size_t(kH) * 8));
+  CUDA_CHECK(cudaMemset(L.words, 0, size_t(kH) * 8));
   cudaStream_t st;
   CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  std::printf("%d SMs, %d layers of %.1f MB (%d phases), %d FMAs per 16 bytes, %d ring slots of %d KB\n", sms, L.layers,
-              L.layer_bytes / 1e6, kPhases, L.work, L.slots, kChunk / 1024);
+  std::printf("%d SMs, %d layers of %.1f MB (%d phases), %d FMAs per 16 bytes, %d ring slots of %d KB%s%s\n", sms,
+              L.layers, L.layer_bytes / 1e6, merge ? kPhases - 1 : kPhases, L.work, L.slots, kChunk / 1024,
+              merge ? ", experts in one phase" : "", L.atomics ? ", atomic sums" : "");
 
   // pdl: one kernel per phase, in a graph.
   CUDA_CHECK(cudaFuncSetAttribute(phase_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_share)));
@@ -242,6 +280,7 @@ int main(int argc, char** argv) {
   ctx.pdl = true;
   for (int layer = 0; layer < L.layers; ++layer) {
     for (int ph = 0; ph < kPhases; ++ph) {
+      if (merge && ph == 5) continue;
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = launch_config(ctx, dim3(sms), dim3(kCompute), size_t(L.per_block[ph]), attr);
       CUDA_CHECK(cudaLaunchKernelEx(&cfg, phase_kernel, L, layer, ph));
@@ -250,6 +289,10 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaStreamEndCapture(st, &g));
   const double pdl_us = moecel::bench::graph_replay_us(st, g, reps) / L.layers;
 
+  if (merge) {  // the persistent model keeps six phases
+    std::printf("pdl     %8.2f us per layer (%.0f GB/s)\n", pdl_us, L.layer_bytes / pdl_us / 1e3);
+    return 0;
+  }
   // stream: one persistent launch per rep.
   const size_t ring = size_t(L.slots) * kChunk;
   CUDA_CHECK(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ring)));
