@@ -13,9 +13,12 @@
 // --merge 1 models kernels A and B as one launch: the expert phase streams all 28.3 MB after the router (split along
 // the experts' intermediate dimension, so no block waits for another), and with --atomics 1 every block then adds its
 // partial output vector into 64-bit words with red.global.add (a fixed-point reduction needs no ordering). --chunked 1
-// gives each of a pdl block's 32 KB copies its own barrier, consumed as it lands.
+// gives each of a pdl block's 32 KB copies its own barrier, consumed as it lands; --ring R (2-8) has the expert phases'
+// blocks cycle their copies through R slots of 32 KB, so that the next phase's blocks fit beside them; --b-early 1
+// has kernel B's blocks copy their rows before their wait, as the real kernel B does (by default, after it);
+// --no-router 1 leaves the router phase out (a bound for folding it into another launch at no cost).
 // Usage: bench_cuda_pipeline [--layers N] [--reps N] [--work N] [--slots N] [--merge 0|1] [--atomics 0|1]
-//        [--chunked 0|1]
+//        [--chunked 0|1] [--ring R] [--b-early 0|1] [--no-router 0|1]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -52,7 +55,7 @@ struct Layout {
   unsigned* done = nullptr;  // (layers * kPhases): blocks finished with phase g (stream), grows by grid per rep
   unsigned* sink = nullptr;  // keeps the consumed words alive
   unsigned long long* words = nullptr;  // (kH): the merged expert phase's fixed-point sums (--atomics)
-  int layers = 0, work = 0, slots = 0, atomics = 0, chunked = 0;
+  int layers = 0, work = 0, slots = 0, atomics = 0, chunked = 0, ring = 0, b_early = 0;
 };
 
 // Bytes of the chunk at offset o of a share of `bytes`.
@@ -107,41 +110,71 @@ __device__ __forceinline__ void write_slice(const float* x, float* y, float inv,
   }
 }
 
-// One phase as its own launch (grid x kCompute threads, dynamic shared memory: the block's share). With L.chunked
-// each 32 KB copy has its own barrier and is consumed as it lands (kernel A's gate rows while up's arrive).
+// Shared memory of a pdl block of phase ph: its share, or with L.ring its ring of 32 KB slots (the expert phases).
+inline int64_t phase_smem(const Layout& L, int ph) {
+  const int64_t bytes = L.per_block[ph];
+  return L.ring > 0 && dependent(ph) ? std::min<int64_t>(bytes, int64_t(L.ring) * kChunk) : bytes;
+}
+
+// One phase as its own launch (grid x kCompute threads, dynamic shared memory: phase_smem). With L.chunked each 32 KB
+// copy has its own barrier and is consumed as it lands (kernel A's gate rows while up's arrive); with L.ring the
+// expert phases cycle their copies through L.ring slots, a slot refilled once the block has consumed it, so that
+// the next phase's blocks fit beside them.
 __global__ void __launch_bounds__(kCompute) phase_kernel(Layout L, int layer, int ph) {
   extern __shared__ float4 smem4[];
   __shared__ uint64_t bar[kMaxChunks];
   __shared__ float red[kCompute / 32];
   unsigned char* tile = reinterpret_cast<unsigned char*>(smem4);
   const int64_t bytes = L.per_block[ph];
-  const int n_bars = L.chunked ? int((bytes + kChunk - 1) / kChunk) : 1;
+  const int n_chunks = int((bytes + kChunk - 1) / kChunk);
+  const bool ring = L.ring > 0 && dependent(ph) && n_chunks > L.ring;
+  const int n_bars = ring ? L.ring : L.chunked ? n_chunks : 1;
   const unsigned char* src = L.w + layer * L.layer_bytes + L.phase_off[ph] + blockIdx.x * bytes;
   if (threadIdx.x < n_bars) mbar_init(&bar[threadIdx.x], 1);
   __syncthreads();
+  auto issue_chunk = [&](int c) {  // thread 0: chunk c into its slot
+    const int64_t o = int64_t(c) * kChunk;
+    uint64_t* b = &bar[ring ? c % L.ring : c];
+    mbar_arrive_expect(b, chunk_bytes(bytes, o));
+    bulk_copy(tile + (ring ? int64_t(c % L.ring) * kChunk : o), src + o, chunk_bytes(bytes, o), b);
+  };
   auto issue = [&] {
     if (threadIdx.x != 0 || bytes == 0) return;
-    if (!L.chunked) mbar_arrive_expect(&bar[0], unsigned(bytes));
-    for (int64_t o = 0; o < bytes; o += kChunk) {
-      uint64_t* b = L.chunked ? &bar[o / kChunk] : &bar[0];
-      if (L.chunked) mbar_arrive_expect(b, chunk_bytes(bytes, o));
-      bulk_copy(tile + o, src + o, chunk_bytes(bytes, o), b);
+    if (ring) {
+      for (int c = 0; c < L.ring; ++c) issue_chunk(c);
+      return;
     }
+    if (L.chunked) {
+      for (int c = 0; c < n_chunks; ++c) issue_chunk(c);
+      return;
+    }
+    mbar_arrive_expect(&bar[0], unsigned(bytes));
+    for (int64_t o = 0; o < bytes; o += kChunk) bulk_copy(tile + o, src + o, chunk_bytes(bytes, o), &bar[0]);
   };
-  if (!dependent(ph)) issue();
+  // Kernel B's rows may go before its wait with L.b_early (as the real kernel B: the router ended two launches back).
+  const bool late = dependent(ph) && !(L.b_early && ph == 5);
+  if (!late) issue();
   pdl_wait();
   pdl_trigger();
-  if (dependent(ph)) issue();
+  if (late) issue();
   const int g = layer * kPhases + ph;
   const float inv = stage_vector<false>(L.vec + int64_t(g) * kH, red);
   float acc = 0.0f;
-  if (bytes > 0 && !L.chunked) {
+  if (bytes > 0 && !L.chunked && !ring) {
     mbar_wait(&bar[0], 0);
     acc = consume(tile, int(bytes), L.work, acc);
   }
-  for (int64_t o = 0; L.chunked && o < bytes; o += kChunk) {
-    mbar_wait(&bar[o / kChunk], 0);
-    acc = consume(tile + o, int(chunk_bytes(bytes, o)), L.work, acc);
+  for (int c = 0; (L.chunked || ring) && c < n_chunks; ++c) {
+    const int64_t o = int64_t(c) * kChunk;
+    if (ring) {
+      mbar_wait(&bar[c % L.ring], unsigned((c / L.ring) & 1));
+      acc = consume(tile + int64_t(c % L.ring) * kChunk, int(chunk_bytes(bytes, o)), L.work, acc);
+      __syncthreads();  // the slot is free
+      if (threadIdx.x == 0 && c + L.ring < n_chunks) issue_chunk(c + L.ring);
+    } else {
+      mbar_wait(&bar[c], 0);
+      acc = consume(tile + o, int(chunk_bytes(bytes, o)), L.work, acc);
+    }
   }
   write_slice(L.vec + int64_t(g) * kH, L.vec + int64_t(g + 1) * kH, inv, acc);
   if (L.atomics && ph == 4) {  // the merged expert phase's partial output, every element of it
@@ -230,8 +263,11 @@ int main(int argc, char** argv) {
   L.work = moecel::bench::arg_int(argc, argv, "--work", 48);
   L.slots = std::clamp(moecel::bench::arg_int(argc, argv, "--slots", 6), 2, kMaxSlots);
   const bool merge = moecel::bench::arg_int(argc, argv, "--merge", 0) != 0;
+  const bool no_router = moecel::bench::arg_int(argc, argv, "--no-router", 0) != 0;
   L.atomics = merge && moecel::bench::arg_int(argc, argv, "--atomics", 0) != 0;
   L.chunked = moecel::bench::arg_int(argc, argv, "--chunked", 0) != 0;
+  L.b_early = moecel::bench::arg_int(argc, argv, "--b-early", 0) != 0;
+  L.ring = std::clamp(moecel::bench::arg_int(argc, argv, "--ring", 0), 0, kMaxChunks);
   double phase_mb[kPhases];
   std::copy(kPhaseMB, kPhaseMB + kPhases, phase_mb);
   if (merge) {  // kernel B's bytes move into kernel A's phase; phase 5 is not launched
@@ -247,6 +283,9 @@ int main(int argc, char** argv) {
     L.layer_bytes += L.per_block[ph] * sms;
     max_share = std::max(max_share, L.per_block[ph]);
   }
+  if (L.ring == 1) L.ring = 2;
+  max_share = 0;
+  for (int ph = 0; ph < kPhases; ++ph) max_share = std::max(max_share, phase_smem(L, ph));
   if (L.chunked && max_share > int64_t(kMaxChunks) * kChunk) {
     std::printf("--chunked 1: a block's share (%lld bytes) needs more than %d barriers\n", (long long)max_share,
                 kMaxChunks);
@@ -268,8 +307,8 @@ int main(int argc, char** argv) {
   cudaStream_t st;
   CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::printf("%d SMs, %d layers of %.1f MB (%d phases), %d FMAs per 16 bytes, %d ring slots of %d KB%s%s\n", sms,
-              L.layers, L.layer_bytes / 1e6, merge ? kPhases - 1 : kPhases, L.work, L.slots, kChunk / 1024,
-              merge ? ", experts in one phase" : "", L.atomics ? ", atomic sums" : "");
+              L.layers, L.layer_bytes / 1e6, kPhases - (merge ? 1 : 0) - (no_router ? 1 : 0), L.work, L.slots,
+              kChunk / 1024, merge ? ", experts in one phase" : "", L.atomics ? ", atomic sums" : "");
 
   // pdl: one kernel per phase, in a graph.
   CUDA_CHECK(cudaFuncSetAttribute(phase_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_share)));
@@ -280,16 +319,16 @@ int main(int argc, char** argv) {
   ctx.pdl = true;
   for (int layer = 0; layer < L.layers; ++layer) {
     for (int ph = 0; ph < kPhases; ++ph) {
-      if (merge && ph == 5) continue;
+      if ((merge && ph == 5) || (no_router && ph == kRouter)) continue;
       cudaLaunchAttribute attr;
-      const cudaLaunchConfig_t cfg = launch_config(ctx, dim3(sms), dim3(kCompute), size_t(L.per_block[ph]), attr);
+      const cudaLaunchConfig_t cfg = launch_config(ctx, dim3(sms), dim3(kCompute), size_t(phase_smem(L, ph)), attr);
       CUDA_CHECK(cudaLaunchKernelEx(&cfg, phase_kernel, L, layer, ph));
     }
   }
   CUDA_CHECK(cudaStreamEndCapture(st, &g));
   const double pdl_us = moecel::bench::graph_replay_us(st, g, reps) / L.layers;
 
-  if (merge) {  // the persistent model keeps six phases
+  if (merge || no_router) {  // the persistent model keeps six phases
     std::printf("pdl     %8.2f us per layer (%.0f GB/s)\n", pdl_us, L.layer_bytes / pdl_us / 1e3);
     return 0;
   }
