@@ -276,15 +276,13 @@ int main(int argc, char** argv) {
   }
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  int64_t max_share = 0;
   for (int ph = 0; ph < kPhases; ++ph) {
     L.per_block[ph] = (int64_t(phase_mb[ph] * 1e6 / sms) + 15) / 16 * 16;
     L.phase_off[ph] = L.layer_bytes;
     L.layer_bytes += L.per_block[ph] * sms;
-    max_share = std::max(max_share, L.per_block[ph]);
   }
   if (L.ring == 1) L.ring = 2;
-  max_share = 0;
+  int64_t max_share = 0;
   for (int ph = 0; ph < kPhases; ++ph) max_share = std::max(max_share, phase_smem(L, ph));
   if (L.chunked && max_share > int64_t(kMaxChunks) * kChunk) {
     std::printf("--chunked 1: a block's share (%lld bytes) needs more than %d barriers\n", (long long)max_share,
@@ -327,11 +325,9 @@ int main(int argc, char** argv) {
   }
   CUDA_CHECK(cudaStreamEndCapture(st, &g));
   const double pdl_us = moecel::bench::graph_replay_us(st, g, reps) / L.layers;
+  std::printf("pdl     %8.2f us per layer (%.0f GB/s)\n", pdl_us, L.layer_bytes / pdl_us / 1e3);
+  if (merge || no_router) return 0;  // the persistent model keeps six phases
 
-  if (merge || no_router) {  // the persistent model keeps six phases
-    std::printf("pdl     %8.2f us per layer (%.0f GB/s)\n", pdl_us, L.layer_bytes / pdl_us / 1e3);
-    return 0;
-  }
   // stream: one persistent launch per rep.
   const size_t ring = size_t(L.slots) * kChunk;
   CUDA_CHECK(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ring)));
@@ -347,7 +343,6 @@ int main(int argc, char** argv) {
       L.layers;
   float check = 0;
   CUDA_CHECK(cudaMemcpy(&check, L.vec + size_t(n_vec - 1) * kH, 4, cudaMemcpyDeviceToHost));
-  std::printf("pdl     %8.2f us per layer (%.0f GB/s)\n", pdl_us, L.layer_bytes / pdl_us / 1e3);
   std::printf("stream  %8.2f us per layer (%.0f GB/s; last vector[0] = %g)\n", stream_us,
               L.layer_bytes / stream_us / 1e3, check);
   return 0;
