@@ -1,6 +1,8 @@
 // Backend selection and the helpers shared by all backends.
 #include "backend/backend.h"
 
+#include <algorithm>
+
 #include "backend/cpu/cpu_backend.h"
 #ifdef MOECEL_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -90,6 +92,19 @@ void Backend::linear_residual_norm_router(const LinearWeight& w, const Tensor& x
                                           Tensor& indices, Tensor& weights) {
   linear_residual(w, x, residual);
   rms_norm_router(residual, norm_weight, eps, router, scoring, k, renormalize, xn, logits, indices, weights);
+}
+
+void Backend::linear_residual_router_fused_moe_add(const LinearWeight& w, const Tensor& x, Tensor& residual,
+                                                   const Tensor& norm_weight, float eps, const LinearWeight& router,
+                                                   RouterScoring scoring, int k, bool renormalize,
+                                                   const LinearWeight& gate, const LinearWeight& up,
+                                                   const LinearWeight& down, Activation act, Tensor& indices,
+                                                   Tensor& weights) {
+  Tensor xn = scratch(DType::kF32, residual.shape);
+  Tensor logits = scratch(DType::kF32, {residual.numel() / std::max<int64_t>(1, router.in), router.out});
+  linear_residual_norm_router(w, x, residual, norm_weight, eps, router, scoring, k, renormalize, xn, logits, indices,
+                              weights);
+  fused_moe_add(gate, up, down, act, xn, indices, weights, residual);
 }
 
 }  // namespace moecel

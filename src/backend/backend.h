@@ -167,6 +167,17 @@ class Backend {
   // stream, rounded exactly as fused_moe then add would.
   virtual void fused_moe_add(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down, Activation act,
                              const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& residual);
+  // One token's o projection, router and fused experts: linear_residual_norm_router(w, x, residual, norm_weight, eps,
+  // router, scoring, k, renormalize, ...) -> indices, weights, then fused_moe_add(gate, up, down, act, its normalized
+  // input, indices, weights, residual). One op so that a backend may rank the router inside the expert kernels (CUDA:
+  // no router launch); the ranking and weights may round differently from the ops one by one. x (1, in); residual
+  // (1, d); indices I32 (1, k), weights (1, k). Only called for experts SwitchGLU found eligible.
+  virtual void linear_residual_router_fused_moe_add(const LinearWeight& w, const Tensor& x, Tensor& residual,
+                                                    const Tensor& norm_weight, float eps, const LinearWeight& router,
+                                                    RouterScoring scoring, int k, bool renormalize,
+                                                    const LinearWeight& gate, const LinearWeight& up,
+                                                    const LinearWeight& down, Activation act, Tensor& indices,
+                                                    Tensor& weights);
   // logits (n_tokens, vocab) -> ids I32 (n_tokens,) on this device, without waiting for the host.
   virtual void argmax_to(const Tensor& logits, Tensor& ids) {
     const std::vector<int32_t> v = argmax(logits);

@@ -313,12 +313,10 @@ Tensor DecoderModel::hidden_device(const Tensor& tok, KvCache& cache) {
       be.attention(q, cache.k[l], cache.v[l], pos0, n_heads, n_kv_heads, head_dim, scale, ly.window, att);
     }
     const std::optional<RoutedFfn> routed = ly.o_bias.data ? std::nullopt : routed_ffn(l);
-    if (routed) {  // o projection, post-attention norm and router in one op, then the experts
-      Tensor logits = be.scratch(DType::kF32, {n, routed->router->out});
+    if (routed) {  // o projection, post-attention norm, router and experts (one op on the fused path)
       Tensor idx = be.scratch(DType::kI32, {n, routed->k}), w = be.scratch(DType::kF32, {n, routed->k});
-      be.linear_residual_norm_router(ly.o_proj, att, x, ly.post_norm, eps, *routed->router, routed->scoring,
-                                     int(routed->k), routed->renormalize, xn, logits, idx, w);
-      routed->experts->forward_add(be, xn, idx, w, x);
+      routed->experts->forward_add_routed(be, ly.o_proj, att, x, ly.post_norm, eps, *routed->router, routed->scoring,
+                                          int(routed->k), routed->renormalize, xn, idx, w);
       continue;
     }
     if (ly.o_bias.data) {

@@ -46,6 +46,23 @@ void SwitchGLU::forward_add(Backend& be, const Tensor& x, const Tensor& indices,
   be.moe_weighted_sum_add(gather_products(be, x, indices), weights, residual);
 }
 
+void SwitchGLU::forward_add_routed(Backend& be, const LinearWeight& o_proj, const Tensor& att, Tensor& residual,
+                                   const Tensor& post_norm, float eps, const LinearWeight& router,
+                                   RouterScoring scoring, int k, bool renormalize, Tensor& xn, Tensor& indices,
+                                   Tensor& weights) const {
+  const bool fused = indices.dim(0) == 1 && fused_eligible(be);
+  moe_trace::dispatch(fused);
+  if (fused) {
+    be.linear_residual_router_fused_moe_add(o_proj, att, residual, post_norm, eps, router, scoring, k, renormalize,
+                                            w_.gate, w_.up, w_.down, act_, indices, weights);
+    return;
+  }
+  Tensor logits = be.scratch(DType::kF32, {indices.dim(0), router.out});
+  be.linear_residual_norm_router(o_proj, att, residual, post_norm, eps, router, scoring, k, renormalize, xn, logits,
+                                 indices, weights);
+  be.moe_weighted_sum_add(gather_products(be, xn, indices), weights, residual);
+}
+
 Tensor SwitchGLU::forward_fused(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights) const {
   MOECEL_CHECK(indices.dim(0) == 1 && x.dim(0) == 1, "fused decode-MoE path: expected one token, got {}",
                indices.dim(0));

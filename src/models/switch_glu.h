@@ -27,6 +27,14 @@ class SwitchGLU {
   // residual (n_tokens, hidden_size) += forward(be, x, indices, weights), one dispatch: the fused path adds in its
   // last kernel, the gather path with an add (same rounding).
   void forward_add(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights, Tensor& residual) const;
+  // The MoE block after an attention output together with it, one dispatch: residual += o_proj(att), the router on
+  // rms_norm(residual, post_norm) -> indices, weights, residual += the experts' output. One token takes the fused
+  // path as one backend op (Backend::linear_residual_router_fused_moe_add); anything else the router op
+  // (linear_residual_norm_router, its normalized input in xn) and the gather path. att (n_tokens, in); residual, xn
+  // (n_tokens, hidden_size); indices I32 and weights F32 (n_tokens, k).
+  void forward_add_routed(Backend& be, const LinearWeight& o_proj, const Tensor& att, Tensor& residual,
+                          const Tensor& post_norm, float eps, const LinearWeight& router, RouterScoring scoring, int k,
+                          bool renormalize, Tensor& xn, Tensor& indices, Tensor& weights) const;
   // The gather path (reference and fallback): per (token, expert) products, activation, down product,
   // then the weighted sum. Same shapes as forward.
   Tensor forward_gather(Backend& be, const Tensor& x, const Tensor& indices, const Tensor& weights) const;

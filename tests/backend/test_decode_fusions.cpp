@@ -583,6 +583,95 @@ TEST_F(CudaOps, FusedMoeAddMatchesFusedMoeThenAdd) {
   }
 }
 
+// One token's o projection, router and fused experts as one op: the router ranked inside kernels A and B
+// (MOECEL_CUDA_FUSED_ROUTE=1) against the two ops it replaces (=0, the default: bit for bit linear_residual_norm_router
+// then fused_moe_add): the same experts, the weights and the residual to f32 rounding, over four calls in a row (each
+// layer's kernel B zeroes the words the next one adds into), and the fallback on the float parts for a token of NaN or
+// of values too large for the fixed point.
+TEST_F(CudaOps, FusedRouteMatchesTheTwoOps) {
+  struct Case {
+    int64_t n_experts;
+    int k;
+    RouterScoring scoring;
+    bool renorm;
+    int bits;  // o projection, router and experts
+    int r_group;
+    DType stype;
+  };
+  setenv("MOECEL_CUDA_FUSED_ROUTE", "0", 1);
+  CudaBackend off;
+  setenv("MOECEL_CUDA_FUSED_ROUTE", "1", 1);
+  CudaBackend on;
+  unsetenv("MOECEL_CUDA_FUSED_ROUTE");
+  Rng rng(109);
+  for (const Case& c : {Case{kExperts, int(kTopK), RouterScoring::kSoftmax, false, 4, 64, DType::kBF16},  // olmoe
+                        Case{32, 4, RouterScoring::kSoftmax, true, 8, 32, DType::kF16},
+                        Case{16, 2, RouterScoring::kTopKSoftmax, false, 4, 64, DType::kF32}}) {
+    const LinearWeight o = make_quant(0, kHidden, kHidden, c.bits, 64, c.stype, rng);
+    const LinearWeight r = make_quant(0, c.n_experts, kHidden, c.bits, c.r_group, c.stype, rng);
+    const SwitchWeights hw{make_quant(c.n_experts, kFfn, kHidden, c.bits, 64, c.stype, rng),
+                           make_quant(c.n_experts, kFfn, kHidden, c.bits, 64, c.stype, rng),
+                           make_quant(c.n_experts, kHidden, kFfn, c.bits, 64, c.stype, rng)};
+    const Tensor norm = host_random(DType::kBF16, {kHidden}, rng, 0.5f, 1.5f);
+    struct Dev {
+      LinearWeight o, r, gate, up, down;
+      Tensor norm, x;
+    };
+    auto upload = [&](CudaBackend& be) {
+      return Dev{be.to_device(o),    be.to_device(r), be.to_device(hw.gate), be.to_device(hw.up), be.to_device(hw.down),
+                 be.to_device(norm), Tensor{}};
+    };
+    Dev don = upload(on), doff = upload(off);
+    const Tensor res0 = host_random(DType::kF32, {1, kHidden}, rng, -3.0f, 3.0f);
+    don.x = on.to_device(res0);
+    doff.x = off.to_device(res0);
+    Tensor ux = off.to_device(res0);        // the ops one by one
+    for (int call = 0; call < 6; ++call) {  // calls 4 and 5: a residual of NaN, then of values near 1e9
+      const std::string what = "experts " + std::to_string(c.n_experts) + " k " + std::to_string(c.k) + " bits " +
+                               std::to_string(c.bits) + " call " + std::to_string(call);
+      const Tensor att = host_random(DType::kF32, {1, kHidden}, rng);
+      if (call >= 4) {
+        Tensor special = host_random(DType::kF32, {1, kHidden}, rng, 0.5e9f, 1e9f);
+        if (call == 4) std::fill_n(special.ptr<float>(), special.numel(), NAN);
+        for (CudaBackend* be : {&on, &off}) be->from_host(special.data, be == &on ? don.x : doff.x);
+        off.from_host(special.data, ux);
+      }
+      Tensor idx_on = on.alloc(DType::kI32, {1, c.k}), w_on = on.alloc(DType::kF32, {1, c.k});
+      Tensor idx_off = off.alloc(DType::kI32, {1, c.k}), w_off = off.alloc(DType::kF32, {1, c.k});
+      const Activation act = Activation::kSiLU;
+      on.linear_residual_router_fused_moe_add(don.o, on.to_device(att), don.x, don.norm, 1e-5f, don.r, c.scoring, c.k,
+                                              c.renorm, don.gate, don.up, don.down, act, idx_on, w_on);
+      off.linear_residual_router_fused_moe_add(doff.o, off.to_device(att), doff.x, doff.norm, 1e-5f, doff.r, c.scoring,
+                                               c.k, c.renorm, doff.gate, doff.up, doff.down, act, idx_off, w_off);
+      Tensor xn = off.alloc(DType::kF32, {1, kHidden}), logits = off.alloc(DType::kF32, {1, c.n_experts});
+      Tensor uidx = off.alloc(DType::kI32, {1, c.k}), uw = off.alloc(DType::kF32, {1, c.k});
+      off.linear_residual_norm_router(doff.o, off.to_device(att), ux, doff.norm, 1e-5f, doff.r, c.scoring, c.k,
+                                      c.renorm, xn, logits, uidx, uw);
+      off.fused_moe_add(doff.gate, doff.up, doff.down, act, xn, uidx, uw, ux);
+      const std::vector<float> x_on = dev_vec<float>(on, don.x), x_off = dev_vec<float>(off, doff.x);
+      const std::vector<float> x_ops = dev_vec<float>(off, ux);
+      EXPECT_EQ(0, std::memcmp(x_off.data(), x_ops.data(), x_ops.size() * 4)) << what << ": route off vs the ops";
+      EXPECT_EQ(dev_vec<int32_t>(off, idx_off), dev_vec<int32_t>(off, uidx)) << what;
+      EXPECT_EQ(dev_vec<int32_t>(on, idx_on), dev_vec<int32_t>(off, uidx)) << what << ": the experts";
+      if (call == 4) {  // NaN: ranked by index, every output NaN
+        std::vector<int32_t> first(size_t(c.k));
+        std::iota(first.begin(), first.end(), 0);
+        EXPECT_EQ(dev_vec<int32_t>(on, idx_on), first) << what;
+        for (float v : x_on) ASSERT_TRUE(std::isnan(v)) << what;
+      } else {
+        EXPECT_LE(nmse(dev_vec<float>(on, w_on), dev_vec<float>(off, uw)), kElementwise * 100) << what;
+        EXPECT_LE(nmse(x_on, x_ops), kMatmul) << what;
+        // Kernel A's norm adds the squares in another order: some bit differs, proof that the route ran.
+        if (call < 4) {
+          EXPECT_NE(x_on, x_ops) << what << ": the route's residual is bit for bit the two ops'";
+        }
+      }
+      // Both go on from the same residual (the NaN call excepted: each its own).
+      on.from_host(x_ops.data(), don.x);
+    }
+  }
+}
+
 // The attention block of full-width q/k norms in one launch (MOECEL_CUDA_FUSIONS bit 16, on by default) against the
 // two launches it replaces (bit 16 off) bit for bit, and against the CPU: GQA, head sizes 64 to 256, partial
 // rotary, a sliding window, positions from 0 to near the end of the cache. Cache rows requested into L2 before the

@@ -156,6 +156,8 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   CUDA_CHECK(cudaMemset(impl_->step_pos_dev, 0, sizeof(int64_t)));
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl_->counter_dev), sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(impl_->counter_dev, 0, sizeof(unsigned)));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl_->route_dev), kRouteWords * sizeof(unsigned long long)));
+  CUDA_CHECK(cudaMemset(impl_->route_dev, 0, kRouteWords * sizeof(unsigned long long)));
 #if defined(MOECEL_CUDA_PROBE)
   if (std::getenv("MOECEL_CUDA_PROBE_OUT")) impl_->probe = cuda::probe_start(1u << 23);
 #endif

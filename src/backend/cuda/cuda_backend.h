@@ -78,6 +78,14 @@ class CudaBackend final : public Backend {
                                    float eps, const LinearWeight& router, RouterScoring scoring, int k,
                                    bool renormalize, Tensor& xn, Tensor& logits, Tensor& indices,
                                    Tensor& weights) override;
+  // One token whose o projection takes the router share's int8 kernel and whose experts take the int8 kernels A and
+  // B (up to 64 experts, k <= 16), with MOECEL_CUDA_FUSED_ROUTE=1: the router ranked inside kernels A and B
+  // (FusedMoeArgs::route; no router launch); otherwise the two ops.
+  void linear_residual_router_fused_moe_add(const LinearWeight& w, const Tensor& x, Tensor& residual,
+                                            const Tensor& norm_weight, float eps, const LinearWeight& router,
+                                            RouterScoring scoring, int k, bool renormalize, const LinearWeight& gate,
+                                            const LinearWeight& up, const LinearWeight& down, Activation act,
+                                            Tensor& indices, Tensor& weights) override;
   void argmax_to(const Tensor& logits, Tensor& ids) override;
   void rms_norm_linear_argmax(const Tensor& x, const Tensor& norm_weight, float eps, const LinearWeight& w,
                               Tensor& logits, Tensor& ids) override;

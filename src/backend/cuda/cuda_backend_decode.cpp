@@ -17,10 +17,11 @@ using namespace cuda_host;
 
 namespace {
 
-// fused_moe, and fused_moe_add when residual is set (then out is the residual, updated in place).
-void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& gate, const LinearWeight& up,
-                   const LinearWeight& down, Activation act, const Tensor& x, const Tensor& indices,
-                   const Tensor& weights, Tensor& out, bool residual) {
+// The arguments of fused_moe, and of fused_moe_add when residual is set (then out is the residual, updated in
+// place), checked; act_buf and staged hold the scratch they point to until the kernels are launched.
+cuda::FusedMoeArgs fused_args(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& gate, const LinearWeight& up,
+                              const LinearWeight& down, Activation act, const Tensor& x, const Tensor& indices,
+                              const Tensor& weights, Tensor& out, bool residual, Tensor& act_buf, Tensor& staged) {
   check_f32(x, "fused_moe input");
   check_f32(out, "fused_moe output");
   check_f32(weights, "fused_moe weights");
@@ -35,13 +36,12 @@ void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& g
                "fused_moe: indices must be I32 (1, k) with k >= 1 and weights (1, k)");
   check_rows(x, 1, gate.in, "fused_moe input");
   check_rows(out, 1, gate.in, "fused_moe output");
-  check_no_overlap(x, out, "fused_moe");
-  Tensor act_buf = be.scratch(DType::kF32, {k, gate.out});  // (k, ffn)
+  if (x.data != out.data) check_no_overlap(x, out, "fused_moe");  // the route's x is y itself, read by kernel A only
+  act_buf = be.scratch(DType::kF32, {k, gate.out});               // (k, ffn)
   a.x = x.ptr<float>();
   a.indices = indices.ptr<int32_t>();
   a.weights = weights.ptr<float>();
   a.act = act_buf.ptr<float>();
-  Tensor staged;                 // lives until the kernels are launched, like act_buf
   if (im.ctx.decode_mma == 1) {  // kernel A hands kernel B its operand already staged
     const size_t bytes = cuda::fused_act_bytes(gate.out, int(k));
     staged = be.scratch(DType::kF32, {int64_t((bytes + 3) / 4)});
@@ -66,6 +66,15 @@ void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& g
   a.rotate = im.fused_rotate;
   a.imma = im.fused_imma;
   a.smem_fill = im.fused_smem_fill;
+  return a;
+}
+
+void run_fused_moe(CudaBackend& be, CudaBackend::Impl& im, const LinearWeight& gate, const LinearWeight& up,
+                   const LinearWeight& down, Activation act, const Tensor& x, const Tensor& indices,
+                   const Tensor& weights, Tensor& out, bool residual) {
+  Tensor act_buf, staged;
+  const cuda::FusedMoeArgs a =
+      fused_args(be, im, gate, up, down, act, x, indices, weights, out, residual, act_buf, staged);
   cuda::launch_fused_moe(im.ctx, a);
 }
 
@@ -237,54 +246,72 @@ void CudaBackend::rms_norm_router(const Tensor& x, const Tensor& norm_weight, fl
   if (!epilogue) router_topk(logits, scoring, k, renormalize, indices, weights);
 }
 
-void CudaBackend::linear_residual_norm_router(const LinearWeight& w, const Tensor& x, Tensor& residual,
-                                              const Tensor& norm_weight, float eps, const LinearWeight& router,
-                                              RouterScoring scoring, int k, bool renormalize, Tensor& xn,
-                                              Tensor& logits, Tensor& indices, Tensor& weights) {
+namespace {
+
+// Whether the o projection's blocks can compute the router's share (RouterShare) for these shapes.
+bool share_fits(const CudaBackend::Impl& im, const LinearWeight& w, const Tensor& x, const Tensor& norm_weight,
+                const LinearWeight& router, int k) {
   const LinearWeight* ows[] = {&w};
   const LinearWeight* rws[] = {&router};
   const int64_t d = w.out, n_experts = router.out, rows = cuda::share_rows(w.in);
   const int64_t n = x.numel() / std::max<int64_t>(1, w.in);
   const auto four_or_eight = [](const LinearWeight& l) { return l.bits == 4 || l.bits == 8; };
-  const bool fits = impl_->router_share && (impl_->fusions & 6) == 6 && fusable(ows, w.in) && fusable(rws, d) &&
-                    four_or_eight(w) && four_or_eight(router) && d % rows == 0 && router.group_size % rows == 0 &&
-                    n_experts <= cuda::kWarpRouterExperts && d / rows * n_experts <= cuda::kMaxShareParts && k >= 1 &&
-                    k <= std::min<int64_t>(32, n_experts) && n >= 1 && n <= cuda::kGemvMaxTokens &&
-                    x.numel() == n * w.in && norm_weight.numel() == d;
-  const auto unfused = [&] {
-    Backend::linear_residual_norm_router(w, x, residual, norm_weight, eps, router, scoring, k, renormalize, xn, logits,
-                                         indices, weights);
-  };
-  if (!fits) return unfused();
-  const cuda::WeightView ov = weight_view(w, "linear"), rv = weight_view(router, "router");
-  if (cuda::decode_mma_applies(impl_->ctx, ov)) return unfused();  // the tensor-core kernel has no share
+  return im.router_share && (im.fusions & 6) == 6 && fusable(ows, w.in) && fusable(rws, d) && four_or_eight(w) &&
+         four_or_eight(router) && d % rows == 0 && router.group_size % rows == 0 &&
+         n_experts <= cuda::kWarpRouterExperts && d / rows * n_experts <= cuda::kMaxShareParts && k >= 1 &&
+         k <= std::min<int64_t>(32, n_experts) && n >= 1 && n <= cuda::kGemvMaxTokens && x.numel() == n * w.in &&
+         norm_weight.numel() == d && !cuda::decode_mma_applies(im.ctx, weight_view(w, "linear"));
+}
+
+// The o projection's fusion with the router's share into parts (n, d / rows, n_experts + 1 floats: the parts, then
+// the sums of squares), its inputs checked.
+cuda::GemvFusion share_fusion(const LinearWeight& w, const Tensor& x, Tensor& residual, const Tensor& norm_weight,
+                              const LinearWeight& router, float* parts) {
+  const int64_t d = w.out, n_experts = router.out, rows = cuda::share_rows(w.in);
+  const int64_t n = x.numel() / std::max<int64_t>(1, w.in), blocks = d / rows;
   check_f32(x, "linear input");
   check_f32(residual, "linear residual");
   check_rows(residual, n, d, w.name.c_str());
   check_no_overlap(x, residual, "linear_residual_norm_router");
-  check_router_outputs(n, d, n_experts, k, xn, logits, indices, weights);
-  check_no_overlap(residual, xn, "linear_residual_norm_router");
-  check_no_overlap(residual, logits, "linear_residual_norm_router");
-  const int64_t blocks = d / rows;
-  const std::shared_ptr<void> buf = impl_->scratch(size_t(n * blocks * (n_experts + 1)) * sizeof(float));
-  float* parts = static_cast<float*>(buf.get());  // (n, blocks, n_experts), then sumsq (n, blocks)
-  check_dev(norm_weight, "rms_norm weight");      // the norm belongs to the router here, not to the projection's input
+  check_dev(norm_weight, "rms_norm weight");  // the norm belongs to the router here, not to the projection's input
   cuda::GemvFusion f;
   f.residual = residual.ptr<float>();
-  f.share.w = rv;
+  f.share.w = weight_view(router, "router");
   f.share.norm_w = norm_weight.data;
   f.share.norm_type = float_type(norm_weight.dtype, "rms_norm weight");
   f.share.parts = parts;
   f.share.sumsq = parts + n * blocks * n_experts;
   f.share.rows = int(rows);
+  return f;
+}
+
+}  // namespace
+
+void CudaBackend::linear_residual_norm_router(const LinearWeight& w, const Tensor& x, Tensor& residual,
+                                              const Tensor& norm_weight, float eps, const LinearWeight& router,
+                                              RouterScoring scoring, int k, bool renormalize, Tensor& xn,
+                                              Tensor& logits, Tensor& indices, Tensor& weights) {
+  const int64_t d = w.out, n_experts = router.out, rows = cuda::share_rows(w.in);
+  const int64_t n = x.numel() / std::max<int64_t>(1, w.in);
+  const auto unfused = [&] {
+    Backend::linear_residual_norm_router(w, x, residual, norm_weight, eps, router, scoring, k, renormalize, xn, logits,
+                                         indices, weights);
+  };
+  if (!share_fits(*impl_, w, x, norm_weight, router, k)) return unfused();
+  check_router_outputs(n, d, n_experts, k, xn, logits, indices, weights);
+  check_no_overlap(residual, xn, "linear_residual_norm_router");
+  check_no_overlap(residual, logits, "linear_residual_norm_router");
+  const std::shared_ptr<void> buf = impl_->scratch(size_t(n * d / rows * (n_experts + 1)) * sizeof(float));
+  cuda::GemvFusion f = share_fusion(w, x, residual, norm_weight, router, static_cast<float*>(buf.get()));
+  const cuda::WeightView ov = weight_view(w, "linear");
   float* y = residual.ptr<float>();
   if (!cuda::launch_gemv_fused(impl_->ctx, std::span(&ov, 1), std::span(&y, 1), x.ptr<float>(), n, f)) {
     return unfused();
   }
   cuda::RouterReduce r;
-  r.parts = parts;
+  r.parts = f.share.parts;
   r.sumsq = f.share.sumsq;
-  r.blocks = int(blocks);
+  r.blocks = int(d / rows);
   r.y = residual.ptr<float>();
   r.norm_w = norm_weight.data;
   r.norm_type = f.share.norm_type;
@@ -299,6 +326,60 @@ void CudaBackend::linear_residual_norm_router(const LinearWeight& w, const Tenso
   r.indices = indices.ptr<int32_t>();
   r.weights = weights.ptr<float>();
   cuda::launch_router_reduce_topk(impl_->ctx, r, n);
+}
+
+void CudaBackend::linear_residual_router_fused_moe_add(const LinearWeight& w, const Tensor& x, Tensor& residual,
+                                                       const Tensor& norm_weight, float eps, const LinearWeight& router,
+                                                       RouterScoring scoring, int k, bool renormalize,
+                                                       const LinearWeight& gate, const LinearWeight& up,
+                                                       const LinearWeight& down, Activation act, Tensor& indices,
+                                                       Tensor& weights) {
+  Impl& im = *impl_;
+  const int64_t d = w.out, n_experts = router.out, rows = cuda::share_rows(w.in);
+  const auto unrouted = [&] {
+    Backend::linear_residual_router_fused_moe_add(w, x, residual, norm_weight, eps, router, scoring, k, renormalize,
+                                                  gate, up, down, act, indices, weights);
+  };
+  // One token, 16-row parts (the o projection's int8 kernel with its route variant), up to kRouteMaxExperts experts.
+  if (!im.fused_route || x.numel() != w.in || rows != 16 || n_experts > cuda::kRouteMaxExperts ||
+      n_experts != gate.n_stack || d != gate.in || !share_fits(im, w, x, norm_weight, router, k)) {
+    return unrouted();
+  }
+  check_f32(weights, "router weights");
+  check_dev(indices, "router indices");
+  MOECEL_CHECK(indices.dtype == DType::kI32, "router: indices must be I32, got {}", dtype_name(indices.dtype));
+  check_rows(indices, 1, k, "router indices");
+  check_rows(weights, 1, k, "router weights");
+  const int64_t blocks = d / rows;
+  const std::shared_ptr<void> buf = im.scratch(size_t(blocks * (n_experts + 1)) * sizeof(float));
+  cuda::GemvFusion f = share_fusion(w, x, residual, norm_weight, router, static_cast<float*>(buf.get()));
+  Tensor act_buf, staged;
+  cuda::FusedMoeArgs a =
+      fused_args(*this, im, gate, up, down, act, residual, indices, weights, residual, true, act_buf, staged);
+  cuda::FusedRoute& rt = a.route;
+  rt.words = im.route_dev;
+  rt.slots = im.route_dev + kRouteSlotsAt;
+  rt.parts = f.share.parts;
+  rt.blocks = int(blocks);
+  rt.n_experts = int(n_experts);
+  rt.y = residual.ptr<float>();
+  rt.norm_w = f.share.norm_w;
+  rt.norm_type = f.share.norm_type;
+  rt.eps = eps;
+  rt.topk_softmax = scoring == RouterScoring::kTopKSoftmax;
+  rt.renormalize = renormalize;
+  rt.indices = indices.ptr<int32_t>();
+  rt.weights = weights.ptr<float>();
+  if (!cuda::launch_fused_moe_routed(im.ctx, a, true)) return unrouted();
+  f.share.route.words = rt.words;
+  f.share.route.slots = rt.slots;
+  f.share.route.k = k;
+  f.share.route.limit = float(int64_t(1) << 31) / float(blocks);  // the words' sum stays below 2^63
+  const cuda::WeightView ov = weight_view(w, "linear");
+  float* y = residual.ptr<float>();
+  if (!cuda::launch_gemv_fused(im.ctx, std::span(&ov, 1), std::span(&y, 1), x.ptr<float>(), 1, f)) return unrouted();
+  CUDA_REQUIRE(cuda::launch_fused_moe_routed(im.ctx, a, false),
+               "fused_moe: the routed kernels declined after a dry run");
 }
 
 std::vector<int32_t> CudaBackend::argmax(const Tensor& logits) {

@@ -43,6 +43,9 @@ struct StepIo {
   int32_t id, next;
 };
 
+// Impl::route_dev: the route's words (up to 65) from 0, its slots (up to 16) from kRouteSlotsAt.
+constexpr int kRouteWords = 128, kRouteSlotsAt = 96;
+
 struct CudaBackend::Impl {
   cuda::Ctx ctx;
   uint64_t glu_launch = ~uint64_t(0);  // ctx.launches after the last gather glu kernel, and its indices
@@ -82,6 +85,12 @@ struct CudaBackend::Impl {
   bool fused_imma = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_IMMA", 1, {0, 1}) == 1;
   // Kernels A and B sized to their blocks per SM (FusedMoeArgs::smem_fill; MOECEL_CUDA_FUSED_SMEM_FILL).
   bool fused_smem_fill = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_SMEM_FILL", 1, {0, 1}) == 1;
+  // The router ranked inside kernels A and B (CudaBackend::linear_residual_router_fused_moe_add;
+  // MOECEL_CUDA_FUSED_ROUTE=1). Off by default until this form has run on a GPU: an earlier build of it measured
+  // ~+1.2% on an H100 (docs/benchmarks.md, forty-ninth session). Its weights round differently.
+  bool fused_route = cuda_host::knob_from_env("MOECEL_CUDA_FUSED_ROUTE", 0, {0, 1}) == 1;
+  // Its words and slots (cuda::RouteWords): zeroed here, then by each routed layer's kernel B.
+  unsigned long long* route_dev = nullptr;
   std::shared_ptr<cuda::DevicePool> pool = std::make_shared<cuda::DevicePool>();
   unsigned* flag_host = nullptr;    // mapped pinned words the kernels raise DeviceError bits in (one per bit)
   int64_t* step_pos_dev = nullptr;  // the device step position decode graphs read (ctx.step_pos while recording)
@@ -114,6 +123,7 @@ struct CudaBackend::Impl {
     if (next_host) cudaFreeHost(next_host);
     if (step_pos_dev) cudaFree(step_pos_dev);
     if (counter_dev) cudaFree(counter_dev);
+    if (route_dev) cudaFree(route_dev);
     cudaGetLastError();
   }
 

@@ -10,6 +10,28 @@
 
 namespace moecel::cuda {
 
+// The router ranked inside kernels A and B (CudaBackend::linear_residual_router_fused_moe_add, one token): the o
+// projection's blocks added their router parts into `words` (RouteWords, qmatmul.cuh); kernel A's blocks read them
+// after their wait, rank them (the lower expert first on a tie), stage x = rms_norm(y) * norm_w themselves and take
+// the expert of their slot; block (0, 0) writes indices, weights and the slots that kernel B's blocks poll before
+// their wait; kernel B's block 0 zeroes the words for the next layer. No router launch between the o projection and
+// kernel A. Where words[n_experts] is raised (a part NaN or too large for the fixed point), the float parts are summed
+// instead.
+struct FusedRoute {
+  unsigned long long* words = nullptr;  // (n_experts + 1); nullptr: indices and weights come from a router launch
+  unsigned long long* slots = nullptr;  // (k): (weight bits << 32) | expert, or kRouteSlotEmpty
+  const float* parts = nullptr;         // (blocks, n_experts): the same parts in f32
+  int blocks = 0, n_experts = 0;        // n_experts <= kRouteMaxExperts
+  const float* y = nullptr;             // (hidden,) the o projection's output, before the norm
+  const void* norm_w = nullptr;         // (hidden,)
+  FloatType norm_type = FloatType::kF32;
+  float eps = 0.0f;
+  bool topk_softmax = false, renormalize = false;
+  int32_t* indices = nullptr;  // (k) out
+  float* weights = nullptr;    // (k) out
+};
+constexpr int kRouteMaxExperts = 64;  // four ranking threads per expert in a 256-thread block
+
 struct FusedMoeArgs {
   WeightView gate, up, down;         // (n_experts, ffn, hidden), (n_experts, ffn, hidden), (n_experts, hidden, ffn)
   const float* x = nullptr;          // (hidden,)
@@ -52,6 +74,8 @@ struct FusedMoeArgs {
   // 50.6 KB or more: 2,110), each one allocation unit off (B beside two A blocks: 2,115 -> 2,121); B then also takes
   // every SM (none runs a fourth q/k/v block). docs/benchmarks.md, thirtieth and thirty-first trees.
   bool smem_fill = true;
+  // Set (route.words): x is route.y before its norm, and indices and weights are outputs (FusedRoute).
+  FusedRoute route;
 };
 
 // Launches kernels A and B. Preconditions (checked): gate/up bits equal and in {4, 8}; down bits in {4, 6, 8};
@@ -59,6 +83,11 @@ struct FusedMoeArgs {
 // aligned packed weights; 1 <= k <= kMaxTopK. An expert index outside [0, n_experts) raises kErrExpertIndex
 // and makes the output NaN.
 void launch_fused_moe(const Ctx& ctx, const FusedMoeArgs& a);
+
+// Kernels A and B with FusedMoeArgs::route (the tensor-core kernels on the int8 operand, up to 16 selected of up to
+// kRouteMaxExperts experts): launched and true, or false (nothing launched) where they do not apply. dry: only the
+// answer.
+bool launch_fused_moe_routed(const Ctx& ctx, const FusedMoeArgs& a, bool dry);
 
 // Device bytes of FusedMoeArgs::act_staged for k slots of moe_intermediate_size ffn.
 size_t fused_act_bytes(int64_t ffn, int k);

@@ -200,7 +200,8 @@ __device__ __forceinline__ void issue_up(const FusedMoeArgs& a, int32_t e, int64
 
 // The tensor-core kernels A and B (fused_moe_bulk_mma.cu) where they apply (4-/8-bit weights, group size 32, 64 or
 // 128, 16-row tiles); false, launching nothing, otherwise.
-bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a);
-bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a);
+// With a.route set, only the int8 variants with the route (FusedMoeArgs::route); dry: only whether they would launch.
+bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a, bool dry = false);
+bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a, bool dry = false);
 
 }  // namespace moecel::cuda::bulk

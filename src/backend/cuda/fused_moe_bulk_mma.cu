@@ -11,6 +11,7 @@
 #include "backend/cuda/bulk_imma.cuh"
 #include "backend/cuda/fused_moe_bulk.cuh"
 #include "backend/cuda/fused_moe_dot.cuh"
+#include "backend/cuda/fused_route.cuh"
 #include "backend/cuda/gemv_mma.cuh"
 
 namespace moecel::cuda::bulk {
@@ -77,7 +78,8 @@ __device__ __forceinline__ void stage_act_planes(const float* act, int64_t n, un
 // the block adds the warps' partial sums in warp order. Shared memory: barriers, the gate tile, the up tile, x's three
 // planes, x's group sums, the warps' partial sums. ROT: warp w takes groups [w, w + 1) * groups / kWarps, kRot at a
 // time (tile_groups_mma; groups a multiple of kWarps * kRot), instead of groups w, w + 8, ... one at a time.
-template <int BITS, int GS, typename ST, GluAct ACT, Operand OP>
+// ROUTE (int8 only): the router ranked by every block (FusedMoeArgs::route), x staged from y with its norm.
+template <int BITS, int GS, typename ST, GluAct ACT, Operand OP, bool ROUTE = false>
 __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
     fused_gate_up_bulk_mma_kernel(FusedMoeArgs a, unsigned* err) {
   extern __shared__ float4 smem4[];
@@ -98,12 +100,51 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
   auto* xe = reinterpret_cast<float2*>(xsum);
   float* part = reinterpret_cast<float*>(planes + operand_bytes<OP, GS>(hidden));  // (kWarps, 2 * kRows)
   int32_t e;
-  const bool valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0], e, true);
-  auto load = [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, true, v); };
-  if constexpr (kI8) {
-    imma_stage<BITS, GS, 1>(hidden, load, planes, xe);
+  bool valid = true;
+  if constexpr (ROUTE) {
+    static_assert(kI8, "the route stages the int8 operand");
+    __shared__ RouteSmem rs;
+    const FusedRoute& rt = a.route;
+    const int64_t o_mine = threadIdx.x, n_oct = hidden / 8;
+    float nw[8], yv[8];  // this thread's octet: norm weights (before the wait) and y
+#pragma unroll
+    for (int i = 0; i < 8; ++i) nw[i] = o_mine < n_oct ? load_float(rt.norm_w, rt.norm_type, o_mine * 8 + i) : 0.0f;
+    if (threadIdx.x < 2) mbar_init(&bars[threadIdx.x], 1);
+    __syncthreads();
+    pdl_wait();
+    const float inv = route_gather(rt, hidden, yv, rs);
+    pdl_trigger();  // every block has read the words once kernel B starts: its block 0 may zero them
+    if (rs.flagged) route_fallback(rt, inv, rs);
+    route_rank(rt.n_experts, a.k, rs);
+    e = rs.sel[j];
+    if (threadIdx.x == 0) {
+      const unsigned bytes = unsigned(kRows * (row_bytes + 2 * srow));
+      mbar_arrive_expect(&bars[0], bytes);
+      issue_rows(a.gate, int64_t(e) * ffn + r0, kRows, tiles[0], &bars[0]);
+    }
+    if (blockIdx.x == 0 && j == 0 && threadIdx.x < 32) route_publish(rt, a.k, inv, rt.indices, rt.weights, rs);
+    // As gemv_bulk_imma_kernel's normalized staging (kept apart: q/k/v's code stays as measured).
+    imma_stage<BITS, GS, 1>(
+        hidden,
+        [&](int64_t i, float(&v)[8]) {
+          if (i == o_mine * 8) {
+#pragma unroll
+            for (int q = 0; q < 8; ++q) v[q] = yv[q] * inv * nw[q];
+          } else {
+            load8_global(rt.y + i, true, v);
+#pragma unroll
+            for (int q = 0; q < 8; ++q) v[q] = v[q] * inv * load_float(rt.norm_w, rt.norm_type, i + q);
+          }
+        },
+        planes, xe);
   } else {
-    mma_stage<GS>(hidden, load, planes, xsum);
+    valid = gate_up_prologue(a, j, r0, kRows, tiles[0], tiles[1], &bars[0], e, true);
+    auto load = [&](int64_t i, float(&v)[8]) { load8_global(a.x + i, true, v); };
+    if constexpr (kI8) {
+      imma_stage<BITS, GS, 1>(hidden, load, planes, xe);
+    } else {
+      mma_stage<GS>(hidden, load, planes, xsum);
+    }
   }
   __syncthreads();
   probe_mark(0);
@@ -174,8 +215,9 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
 // computes slots w, w + 8, ... (each its tile times that slot's act row); the block adds the slots in order: out[r] =
 // (residual[r] +) sum_j weights[j] * (down[e_j][r] . act[j]). Shared memory: barriers, k tiles, the act planes, their
 // group sums, the slots' sums. ROT: whole rounds of kRot groups (groups a multiple of it), else one group at a time: a
-// variant each, so that neither carries the other's loop.
-template <int BITS, int GS, typename ST, Operand OP>
+// variant each, so that neither carries the other's loop. ROUTE: the experts and weights from the route's slots
+// (route_poll), and block 0 zeroes the route's words.
+template <int BITS, int GS, typename ST, Operand OP, bool ROUTE = false>
 __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeArgs a, unsigned* err) {
   extern __shared__ float4 smem4[];
   constexpr int kRows = kMmaTileRows;
@@ -201,14 +243,24 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
   }
   if (threadIdx.x == 0) {
     for (int sl = 0; sl < a.k; ++sl) mbar_init(&bars[sl], 1);
+    if constexpr (ROUTE) route_poll(a.route, a.k, experts, slot_weights);
+  }
+  if constexpr (ROUTE) {  // every kernel A block read the words before kernel B could start
+    if (blockIdx.x == 0 && threadIdx.x <= a.route.n_experts) a.route.words[threadIdx.x] = 0ull;
   }
   __syncthreads();
-  // Before the wait for kernel A: the indices and weights come from the kernel before it (see fused_down_bulk_kernel).
+  // Before the wait for kernel A: the indices and weights come from the kernel before it (see fused_down_bulk_kernel),
+  // or from the route's slots.
   if (threadIdx.x < a.k) {
     const int sl = threadIdx.x;
-    const int32_t e = __ldcg(a.indices + sl);
-    slot_weights[sl] = __ldcg(a.weights + sl);
-    experts[sl] = e;
+    int32_t e;
+    if constexpr (ROUTE) {
+      e = experts[sl];
+    } else {
+      e = __ldcg(a.indices + sl);
+      slot_weights[sl] = __ldcg(a.weights + sl);
+      experts[sl] = e;
+    }
     const bool ok = valid_expert(e, a.down.n_stack);
     mbar_arrive_expect(&bars[sl], ok ? unsigned(kRows * (row_bytes + 2 * srow)) : 0u);
     if (ok) issue_rows(a.down, int64_t(e) * hidden + r0, kRows, tile(sl), &bars[sl]);
@@ -283,7 +335,7 @@ __global__ void __launch_bounds__(kThreads) fused_down_bulk_mma_kernel(FusedMoeA
 // The tensor-core kernel A for 4-/8-bit experts with group size 32, 64 or 128 and ffn a multiple of its 16-row tiles;
 // false (launching nothing) otherwise. The int8 operand where a.imma and its group loop applies (groups a multiple of
 // kWarps * kRot), else bf16.
-bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
+bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a, bool dry) {
   const WeightView& g = a.gate;
   const int gs = int(g.group_size);
   // x 16-byte aligned (the allocator's buffers are): the kernel has no scalar path for it (which cost it a spill).
@@ -294,6 +346,7 @@ bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
   const int64_t row_bytes = packed_row_bytes(g.in, g.bits), srow = scale_row_bytes_of(g);
   const int64_t groups = g.in / gs;
   const dim3 grid{unsigned(g.out / kMmaTileRows), unsigned(a.k)};
+  const bool routed = a.route.words != nullptr;
   const FusedMoeArgs as = with_down_share(a, grid.x);
   bool launched = false;
   dispatch(g, [&]<int BITS, int GS, typename ST>() {
@@ -305,14 +358,19 @@ bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
     const int64_t vec =
         op == Operand::kInt8 ? operand_bytes<Operand::kInt8, GS>(g.in) : operand_bytes<Operand::kBf16, GS>(g.in);
     const size_t need = kBarBytes + 2 * size_t((kMmaTileRows * (row_bytes + 2 * srow) + 15) / 16 * 16) + size_t(vec) +
-                        size_t(kWarps) * 2 * kMmaTileRows * sizeof(float);
-    if (need > size_t(ctx.max_smem_optin)) return;
+                        size_t(kWarps) * 2 * kMmaTileRows * sizeof(float) + (routed ? sizeof(RouteSmem) : 0);
+    if (need > size_t(ctx.max_smem_optin) || (routed && op != Operand::kInt8)) return;
+    if (dry) {
+      launched = true;
+      return;
+    }
     auto run = [&](auto kernel) {  // kABlocksPerSm blocks (less one allocation unit each) fill an SM
       const size_t smem =
           a.smem_fill ? filled_smem(ctx, kernel, need, ctx.smem_per_sm / kABlocksPerSm - kSmemUnit) : need;
       launch_bulk(ctx, kernel, grid, smem, as);
     };
     auto go = [&]<GluAct ACT>() {
+      if (routed) return run(fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, Operand::kInt8, true>);
       if (op == Operand::kInt8) return run(fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, Operand::kInt8>);
       if constexpr (kR > 1) {
         if (op == Operand::kBf16Rot) return run(fused_gate_up_bulk_mma_kernel<BITS, GS, ST, ACT, Operand::kBf16Rot>);
@@ -332,7 +390,7 @@ bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
 // The tensor-core kernel B for 4-/8-bit experts with group size 32, 64 or 128, hidden a multiple of its 16-row tiles
 // and up to kMaxSlots selected experts; false (launching nothing) otherwise. The int8 operand where a.imma and its
 // group loop applies (groups a multiple of kRot), else bf16.
-bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
+bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a, bool dry) {
   const WeightView& d = a.down;
   const int gs = int(d.group_size);
   if (d.out % kMmaTileRows != 0 || (gs != 32 && gs != 64 && gs != 128) || d.in % gs != 0 || a.k > kMaxSlots) {
@@ -341,6 +399,7 @@ bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
   const int64_t row_bytes = packed_row_bytes(d.in, d.bits), srow = scale_row_bytes_of(d);
   const int64_t groups = d.in / gs, n = a.k * d.in;
   const dim3 grid{unsigned(d.out / kMmaTileRows)};
+  const bool routed = a.route.words != nullptr;
   bool launched = false;
   dispatch(d, [&]<int BITS, int GS, typename ST>() {
     constexpr int kR = kRot<BITS, GS>;
@@ -352,8 +411,9 @@ bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
         op == Operand::kInt8 ? operand_bytes<Operand::kInt8, GS>(n) : operand_bytes<Operand::kBf16, GS>(n);
     const size_t need = kBarBytes + size_t(a.k) * size_t((kMmaTileRows * (row_bytes + 2 * srow) + 15) / 16 * 16) +
                         size_t(vec) + size_t(a.k) * kMmaTileRows * sizeof(float);
-    if (need > size_t(ctx.max_smem_optin)) return;
+    if (need > size_t(ctx.max_smem_optin) || (routed && op != Operand::kInt8)) return;
     launched = true;
+    if (dry) return;
     // One allocation unit over half an SM: no room for a second block. With that, a block on every SM (those past
     // the tiles only wait): an SM without one took four q/k/v blocks instead of three, and the last of them to
     // arrive staged its vector ~2 us after the others (cause not found); +0.4% with it (docs/benchmarks.md,
@@ -363,6 +423,7 @@ bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
       const dim3 g{fill ? unsigned(ctx.sm_count) : grid.x};
       launch_bulk(ctx, kernel, g, fill ? filled_smem(ctx, kernel, need, ctx.smem_per_sm / 2 + kSmemUnit) : need, a);
     };
+    if (routed) return run(fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kInt8, true>);
     if (op == Operand::kInt8) return run(fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kInt8>);
     if constexpr (kR > 1) {
       if (op == Operand::kBf16Rot) return run(fused_down_bulk_mma_kernel<BITS, GS, ST, Operand::kBf16Rot>);
@@ -373,3 +434,27 @@ bool launch_down_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a) {
 }
 
 }  // namespace moecel::cuda::bulk
+
+namespace moecel::cuda {
+
+bool launch_fused_moe_routed(const Ctx& ctx, const FusedMoeArgs& a, bool dry) {
+  using namespace bulk;
+  const FusedRoute& r = a.route;
+  const WeightView &g = a.gate, &d = a.down;
+  // One octet of y per thread stays in registers (route_gather); the rest are loaded again while staging.
+  if (!r.words || !r.slots || !r.y || !r.indices || !r.weights || r.n_experts < 1 || r.n_experts > kRouteMaxExperts ||
+      g.n_stack != r.n_experts || a.k < 1 || a.k > kMaxSlots || a.k > r.n_experts || !a.imma || !a.bulk ||
+      g.in % 8 != 0 || reinterpret_cast<uintptr_t>(r.y) % 16 != 0 || !bulk_rows_ok(g) || !bulk_rows_ok(a.up) ||
+      !bulk_rows_ok(d)) {
+    return false;
+  }
+  FusedMoeArgs as = a;
+  as.x = r.y;  // launch_gate_up_bulk_mma's alignment test
+  if (!launch_gate_up_bulk_mma(ctx, as, true) || !launch_down_bulk_mma(ctx, as, true)) return false;
+  if (dry) return true;
+  launch_gate_up_bulk_mma(ctx, as, false);
+  launch_down_bulk_mma(ctx, as, false);
+  return true;
+}
+
+}  // namespace moecel::cuda

@@ -16,7 +16,8 @@ constexpr int kTileRows = kMmaTileRows;
 // After the block's 16 rows are in m.yn and the sums of squares of its 16 / PROW parts in m.ssq: every expert's share
 // of the logits for each part, one token. Four threads per expert, four rows each, added in a fixed shuffle tree: in a
 // probe build one thread per expert over 16 rows took 0.58 us, this 0.44 (docs/benchmarks.md, thirty-fifth tree).
-template <int PROW>
+// ROUTE: each part also added into the route's words (RouteWords).
+template <int PROW, bool ROUTE>
 __device__ __forceinline__ void share_store_tile(const RouterShare& s, const ShareSmem& m) {
   constexpr int kParts = kTileRows / PROW, kQuarter = kTileRows / 4;
   static_assert(PROW % kQuarter == 0, "a part is whole quarters");
@@ -43,7 +44,15 @@ __device__ __forceinline__ void share_store_tile(const RouterShare& s, const Sha
       ys += __shfl_xor_sync(0xffffffffu, ys, off);
     }
     if (live && q % (PROW / kQuarter) == 0) {
-      s.parts[(part0 + r0 / PROW) * n_experts + e] = fmaf(m.scale[e], qy, m.bias[e] * ys);
+      const float v = fmaf(m.scale[e], qy, m.bias[e] * ys);
+      s.parts[(part0 + r0 / PROW) * n_experts + e] = v;
+      if constexpr (ROUTE) {  // two's complement: the unsigned sum is the signed one; NaN fails the test
+        if (fabsf(v) < s.route.limit) {
+          atomicAdd(s.route.words + e, static_cast<unsigned long long>(__float2ll_rn(v * 4294967296.0f)));
+        } else {
+          atomicAdd(s.route.words + n_experts, 1ull);
+        }
+      }
     }
   }
   if (threadIdx.x < kParts) s.sumsq[part0 + threadIdx.x] = m.ssq[threadIdx.x];
@@ -55,8 +64,9 @@ __device__ __forceinline__ void share_store_tile(const RouterShare& s, const Sha
 // row adds the warps' sums in warp order. Probe marks: 0 x staged, 1 rows landed, 3 products summed, 2 done.
 // RES: x as it is (no norm), y = residual + x @ w^T (a.f.residual, which may be y); SHARE (RES only): 0, or the rows
 // of the router share's parts (a.f.share.rows, 16 or 8: one or two per block, one tile per block). Each a variant of
-// its own, so that none carries another's code (a runtime part width cost OLMoE's o projection 0.4%).
-template <int BITS, int GS, typename ST, int kTiles, bool RES, int SHARE>
+// its own, so that none carries another's code (a runtime part width cost OLMoE's o projection 0.4%). ROUTE (SHARE
+// only): the parts also go into the route's words, and block 0 empties its slots.
+template <int BITS, int GS, typename ST, int kTiles, bool RES, int SHARE, bool ROUTE = false>
 __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_imma_kernel(GemvArgs a) {
   extern __shared__ float4 smem4[];
   __shared__ float red[32];
@@ -91,12 +101,16 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_imma_kernel(GemvArgs a)
   }
   constexpr bool share_on = SHARE > 0;
   static_assert(SHARE == 0 || (RES && kTiles == 1 && (SHARE == 16 || SHARE == 8)), "a share: 16 or 8 rows per part");
+  static_assert(!ROUTE || SHARE > 0, "the route's words come from a share");
   ShareSmem share{};
   if constexpr (share_on) {
     share = share_smem(part + kWarps * kRows, a.f.share.w.out, kRows, a.f.share.w.bits);
     share_load(a.f.share, r0, kRows, share);
   }
   pdl_enter();
+  if constexpr (ROUTE) {  // the previous layer's kernel B, which read them, has ended
+    if (blockIdx.x == 0 && threadIdx.x < a.f.share.route.k) a.f.share.route.slots[threadIdx.x] = kRouteSlotEmpty;
+  }
   // The residual rows come from earlier kernels: loaded as the wait returns, used at the end.
   float res = 0.0f;
   if (RES && a.f.residual && threadIdx.x < kRows) res = a.f.residual[r0 + threadIdx.x];
@@ -184,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_bulk_imma_kernel(GemvArgs a)
       for (int off = SHARE / 2; off >= 1; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
       if (lane < kRows && lane % SHARE == 0) share.ssq[lane / SHARE] = ss;
     }
-    share_store_tile<SHARE>(a.f.share, share);
+    share_store_tile<SHARE, ROUTE>(a.f.share, share);
   }
   probe_mark(2);
 }
@@ -219,6 +233,8 @@ bool launch_imma(const Ctx& ctx, GemvArgs& a, int tiles, bool res) {
     const dim3 grid{unsigned(blocks)};
     if (res && !s.parts) {
       launch_k(ctx, gemv_bulk_imma_kernel<BITS, GS, ST, 1, true, 0>, grid, kThreads, need, a);
+    } else if (res && s.rows == kTileRows && s.route.words) {
+      launch_k(ctx, gemv_bulk_imma_kernel<BITS, GS, ST, 1, true, kTileRows, true>, grid, kThreads, need, a);
     } else if (res && s.rows == kTileRows) {
       launch_k(ctx, gemv_bulk_imma_kernel<BITS, GS, ST, 1, true, kTileRows>, grid, kThreads, need, a);
     } else if (res) {

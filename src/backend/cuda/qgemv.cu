@@ -365,6 +365,8 @@ bool launch_gemv_fused(const Ctx& ctx, std::span<const WeightView> ws, std::span
                  "gemv: the argmax tail takes one token and one weight");
     return launch_gemv_stream(ctx, a, tail);
   }
+  // Only the int8 kernel adds into the route's words; another kernel would leave kernel B waiting for its slots.
+  if (f.share.route.words) return n_tokens == 1 && f.share.rows == 16 && launch_gemv_residual_imma(ctx, a);
   if (n_tokens == 1 && (launch_gemv_residual_imma(ctx, a) || launch_gemv_stream(ctx, a) || launch_gemv_bulk(ctx, a, 1)))
     return true;
   return launch_gemv_args(ctx, a, n_tokens);

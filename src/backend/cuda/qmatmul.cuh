@@ -78,6 +78,19 @@ struct RouterEpilogue {
   float* weights = nullptr;    // (n_tokens, k)
 };
 
+// The routed form of a router share (CudaBackend::linear_residual_router_fused_moe_add, one token): each block also
+// adds its parts into words[e] as 64-bit fixed point (2^-32 units, by atomics: integer sums do not depend on their
+// order) and raises words[n_experts] where a part is NaN or not below `limit` (then the sum could overflow; the
+// readers fall back to the float parts), and block 0 empties the k slots. Kernel A's blocks rank the words themselves
+// (fused_moe.cuh, FusedMoeArgs::route); kernel B's block 0 zeroes them again.
+constexpr uint64_t kRouteSlotEmpty = ~uint64_t(0);  // a slot: (weight bits << 32) | expert; empty: expert 0xffffffff
+struct RouteWords {
+  unsigned long long* words = nullptr;  // (n_experts + 1); nullptr: not routed
+  unsigned long long* slots = nullptr;  // (k)
+  int k = 0;
+  float limit = 0.0f;  // 2^31 / blocks
+};
+
 // The share of the router after an output projection that the projection's blocks compute (CudaBackend::
 // linear_residual_norm_router): block b, owning rows R_b of y (after the residual add), writes
 // parts[t][b][e] = sum_{r in R_b} router[e, r] * norm_w[r] * y[t, r] for every expert e and sumsq[t][b] =
@@ -90,6 +103,7 @@ struct RouterShare {
   float* parts = nullptr;  // (n_tokens, blocks, n_experts); nullptr: no share
   float* sumsq = nullptr;  // (n_tokens, blocks)
   int rows = 16;           // the projection's rows per part: share_rows(d_in)
+  RouteWords route;        // also added into the route's words (one token)
 };
 // The projection's rows per block with a share: 16 (2 per warp), or 8 where a row is longer than the 2048 values
 // a warp loads before its wait with 2 rows (more blocks, each row's weights all loaded before the wait).
