@@ -358,8 +358,10 @@ bool launch_gate_up_bulk_mma(const Ctx& ctx, const FusedMoeArgs& a, bool dry) {
     const int64_t vec =
         op == Operand::kInt8 ? operand_bytes<Operand::kInt8, GS>(g.in) : operand_bytes<Operand::kBf16, GS>(g.in);
     const size_t need = kBarBytes + 2 * size_t((kMmaTileRows * (row_bytes + 2 * srow) + 15) / 16 * 16) + size_t(vec) +
-                        size_t(kWarps) * 2 * kMmaTileRows * sizeof(float) + (routed ? sizeof(RouteSmem) : 0);
-    if (need > size_t(ctx.max_smem_optin) || (routed && op != Operand::kInt8)) return;
+                        size_t(kWarps) * 2 * kMmaTileRows * sizeof(float);
+    // The route's RouteSmem is static shared memory: beside the dynamic part, within the opt-in limit.
+    const size_t route_static = routed ? sizeof(RouteSmem) : 0;
+    if (need + route_static > size_t(ctx.max_smem_optin) || (routed && op != Operand::kInt8)) return;
     if (dry) {
       launched = true;
       return;
