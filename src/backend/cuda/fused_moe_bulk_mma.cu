@@ -112,9 +112,13 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
     if (threadIdx.x < 2) mbar_init(&bars[threadIdx.x], 1);
     __syncthreads();
     pdl_wait();
-    const float inv = route_gather(rt, hidden, yv, rs);
+    route_load(rt, hidden, yv, rs);
     pdl_trigger();  // every block has read the words once kernel B starts: its block 0 may zero them
-    if (rs.flagged) route_fallback(rt, inv, rs);
+    // The fixed-point sums rank as the logits do (the norm's factor is positive and finite where no part raised the
+    // flag), so the gate rows go out before the factor's block sum; the fallback ranks the logits themselves.
+    const bool flagged = rs.flagged;
+    float inv = flagged ? route_inv(rt, hidden, yv, rs) : 0.0f;
+    if (flagged) route_fallback(rt, inv, rs);
     route_rank(rt.n_experts, a.k, rs);
     e = rs.sel[j];
     if (threadIdx.x == 0) {
@@ -122,6 +126,7 @@ __global__ void __launch_bounds__(kThreads, kABlocksPerSm)
       mbar_arrive_expect(&bars[0], bytes);
       issue_rows(a.gate, int64_t(e) * ffn + r0, kRows, tiles[0], &bars[0]);
     }
+    if (!flagged) inv = route_inv(rt, hidden, yv, rs);
     if (blockIdx.x == 0 && j == 0 && threadIdx.x < 32) route_publish(rt, a.k, inv, rt.indices, rt.weights, rs);
     // As gemv_bulk_imma_kernel's normalized staging (kept apart: q/k/v's code stays as measured).
     imma_stage<BITS, GS, 1>(
@@ -443,7 +448,7 @@ bool launch_fused_moe_routed(const Ctx& ctx, const FusedMoeArgs& a, bool dry) {
   using namespace bulk;
   const FusedRoute& r = a.route;
   const WeightView &g = a.gate, &d = a.down;
-  // One octet of y per thread stays in registers (route_gather); the rest are loaded again while staging.
+  // One octet of y per thread stays in registers (route_load); the rest are loaded again while staging.
   if (!r.words || !r.slots || !r.y || !r.indices || !r.weights || r.n_experts < 1 || r.n_experts > kRouteMaxExperts ||
       g.n_stack != r.n_experts || a.k < 1 || a.k > kMaxSlots || a.k > r.n_experts || !a.imma || !a.bulk ||
       g.in % 8 != 0 || reinterpret_cast<uintptr_t>(r.y) % 16 != 0 || !bulk_rows_ok(g) || !bulk_rows_ok(a.up) ||

@@ -28,26 +28,31 @@ __device__ __forceinline__ void st_relaxed_u64(unsigned long long* p, unsigned l
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// After kernel A's wait, every thread: the words (and the flag) into rs, y's octet o = threadIdx.x into yv (zeros
-// past hidden), and rms_norm's factor over all of y. Ends with the block synchronized.
-__device__ __forceinline__ float route_gather(const FusedRoute& r, int64_t hidden, float (&yv)[8], RouteSmem& rs) {
+// After kernel A's wait, every thread: the words into rs.key (and the flag into rs.flagged), and y's octet
+// o = threadIdx.x into yv (zeros past hidden). Ends with the block synchronized.
+__device__ __forceinline__ void route_load(const FusedRoute& r, int64_t hidden, float (&yv)[8], RouteSmem& rs) {
   const int tid = threadIdx.x, n_e = r.n_experts;
   const unsigned long long w = tid <= n_e ? __ldcg(r.words + tid) : 0ull;
-  const int64_t n_oct = hidden / 8;
 #pragma unroll
   for (int i = 0; i < 8; ++i) yv[i] = 0.0f;
-  if (tid < n_oct) load8_global(r.y + tid * 8, true, yv);
+  if (tid < hidden / 8) load8_global(r.y + tid * 8, true, yv);
+  if (tid < n_e) rs.key[tid] = w ^ (1ull << 63);  // signed order as unsigned
+  if (tid == n_e) rs.flagged = w != 0ull;
+  __syncthreads();
+}
+
+// rms_norm's factor over all of y (yv: route_load's octet; the octets past kThreads loaded here). Every thread calls
+// it; ends with the block synchronized.
+__device__ __forceinline__ float route_inv(const FusedRoute& r, int64_t hidden, const float (&yv)[8], RouteSmem& rs) {
   float ss = 0.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) ss = fmaf(yv[i], yv[i], ss);
-  for (int64_t o = tid + kThreads; o < n_oct; o += kThreads) {
+  for (int64_t o = threadIdx.x + kThreads; o < hidden / 8; o += kThreads) {
     float v[8];
     load8_global(r.y + o * 8, true, v);
 #pragma unroll
     for (int i = 0; i < 8; ++i) ss = fmaf(v[i], v[i], ss);
   }
-  if (tid < n_e) rs.key[tid] = w ^ (1ull << 63);  // signed order as unsigned
-  if (tid == n_e) rs.flagged = w != 0ull;
   ss = block_sum(ss, rs.red);
   return 1.0f / sqrtf(ss / float(hidden) + r.eps);
 }
