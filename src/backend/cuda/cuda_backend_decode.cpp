@@ -3,6 +3,8 @@
 // dots1 blocks. Validation as in cuda_backend.cpp, then one launcher call.
 // (src/backend/**/*.cpp is globbed into moecel_lib even without CUDA, hence the guard.)
 #if defined(MOECEL_HAVE_CUDA)
+#include <string_view>
+
 #include "backend/cuda/bias_ops.cuh"
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/fused_moe.cuh"
@@ -341,7 +343,10 @@ void CudaBackend::linear_residual_router_fused_moe_add(const LinearWeight& w, co
                                                   gate, up, down, act, indices, weights);
   };
   // One token, 16-row parts (the o projection's int8 kernel with its route variant), up to kRouteMaxExperts experts.
-  if (!im.fused_route || x.numel() != w.in || rows != 16 || n_experts > cuda::kRouteMaxExperts ||
+  // Not with launches skipped for measurement (MOECEL_CUDA_SKIP other than "list"): kernel B would wait for a
+  // skipped kernel A's slots forever.
+  const bool skipping = im.ctx.skip && std::string_view(im.ctx.skip) != "list";
+  if (!im.fused_route || skipping || x.numel() != w.in || rows != 16 || n_experts > cuda::kRouteMaxExperts ||
       n_experts != gate.n_stack || d != gate.in || !share_fits(im, w, x, norm_weight, router, k)) {
     return unrouted();
   }

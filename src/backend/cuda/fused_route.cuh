@@ -125,11 +125,14 @@ __device__ __forceinline__ void route_publish(const FusedRoute& r, int k, float 
 
 // Kernel B, one thread per block, before its wait: the k slots once all are published (kernel A's block (0, 0) writes
 // them after its ranking; a pause between polls, since a thousand threads spinning on one line slow its L2 slice and
-// with it the whole GPU: docs/benchmarks.md, forty-ninth session).
+// with it the whole GPU: docs/benchmarks.md, forty-ninth session). A slot still empty after ~2^22 polls (a second or
+// more: kernel A cannot have run) becomes expert -1, which kernel B reports as a bad expert index with a NaN output
+// instead of hanging.
 __device__ __forceinline__ void route_poll(const FusedRoute& r, int k, int32_t* experts, float* weights) {
-  for (int sl = 0; sl < k;) {
+  constexpr int kMaxPolls = 1 << 22;
+  for (int sl = 0, polls = 0; sl < k;) {
     const unsigned long long v = ld_relaxed_u64(r.slots + sl);
-    if (uint32_t(v) == uint32_t(kRouteSlotEmpty)) {
+    if (uint32_t(v) == uint32_t(kRouteSlotEmpty) && ++polls < kMaxPolls) {
       __nanosleep(256);
       continue;
     }
