@@ -23,16 +23,22 @@ namespace {
 // A test checkpoint in a fresh temporary folder, removed at the end.
 struct ModelDir {
   std::filesystem::path path;
-  explicit ModelDir(const std::string& name, int bits) {
+  // head_dim 128 as in OLMoE-1B-7B, several experts per token, 3 layers; `hidden` and `layers` as given.
+  explicit ModelDir(const std::string& name, int bits, int hidden = 512, int layers = 3) {
     path = std::filesystem::temp_directory_path() / ("moecel-graph-" + name + "-" + std::to_string(::getpid()));
     std::filesystem::create_directories(path);
     TestModelOptions opt;
     opt.bits = bits;
     opt.seed = 11;
-    // head_dim 128 as in OLMoE-1B-7B, several experts per token, 3 layers.
-    opt.config_overrides = {{"hidden_size", 512},       {"num_attention_heads", 4}, {"num_key_value_heads", 4},
-                            {"intermediate_size", 256}, {"num_experts", 16},        {"num_experts_per_tok", 4},
-                            {"num_hidden_layers", 3},   {"vocab_size", 1000},       {"eos_token_id", 999}};
+    opt.config_overrides = {{"hidden_size", hidden},
+                            {"num_attention_heads", hidden / 128},
+                            {"num_key_value_heads", hidden / 128},
+                            {"intermediate_size", 256},
+                            {"num_experts", 16},
+                            {"num_experts_per_tok", 4},
+                            {"num_hidden_layers", layers},
+                            {"vocab_size", 1000},
+                            {"eos_token_id", 999}};
     write_test_model(opt, path.string());
   }
   ~ModelDir() {
@@ -236,6 +242,67 @@ TEST_P(DecodeGraph4, TwoStepReplaysUpToAFullCache) {
   const moe_trace::Counts after = moe_trace::totals();
   EXPECT_EQ(after.decode_steps - before.decode_steps, 9);
   EXPECT_EQ(after.fused + after.gather - before.fused - before.gather, 9 * 3) << "3 MoE layers";
+}
+
+// The router ranked inside kernels A and B (MOECEL_CUDA_FUSED_ROUTE=1) in whole decode steps of a model whose shapes
+// it takes (hidden 2048: OLMoE's o projection and kernel A groups): teacher-forced logits within rounding of the
+// default two ops (and not bit for bit: the route ran), and a recorded step replayed over them bit for bit the plain
+// routed steps (each layer's kernel B leaves the words zeroed for the next, also across replays).
+TEST(DecodeGraphRoute, RoutedStepsMatchTheTwoOpsAndReplayBitForBit) {
+  std::string why;
+  if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA device (" << why << ")";
+  ModelDir dir("route", 4, 2048, 2);
+  setenv("MOECEL_CUDA_FUSED_ROUTE", "1", 1);
+  CudaBackend be;
+  unsetenv("MOECEL_CUDA_FUSED_ROUTE");
+  CudaBackend ref;  // the default: the router's launch
+  auto model = load_model(dir.path.string(), be);
+  auto ref_model = load_model(dir.path.string(), ref);
+  const std::vector<int32_t> prompt = {5, 17, 300, 42};
+  constexpr int kSteps = 24;
+  auto fed = [](int s) { return int32_t((s * 37 + 11) % 1000); };
+  KvCache plain = model->make_cache(int64_t(prompt.size()) + kSteps);
+  KvCache ref_cache = ref_model->make_cache(int64_t(prompt.size()) + kSteps);
+  model->forward(prompt, plain, false);
+  ref_model->forward(prompt, ref_cache, false);
+  std::vector<std::vector<float>> want;
+  double err = 0, norm = 0;
+  bool differs = false;
+  for (int s = 0; s < kSteps; ++s) {
+    const int32_t id = fed(s);
+    want.push_back(host_floats(be, model->forward(std::span<const int32_t>(&id, 1), plain, false)));
+    const std::vector<float> r =
+        host_floats(ref, ref_model->forward(std::span<const int32_t>(&id, 1), ref_cache, false));
+    ASSERT_EQ(r.size(), want.back().size());
+    differs = differs || std::memcmp(r.data(), want.back().data(), r.size() * sizeof(float)) != 0;
+    for (size_t i = 0; i < r.size(); ++i) {
+      const double d = double(want.back()[i]) - double(r[i]);
+      err += d * d;
+      norm += double(r[i]) * double(r[i]);
+    }
+  }
+  EXPECT_LE(err / norm, 1e-8) << "routed logits vs the two ops'";
+  EXPECT_TRUE(differs) << "the routed logits are bit for bit the two ops': did the route run?";
+
+  KvCache cache = model->make_cache(int64_t(prompt.size()) + kSteps);
+  model->forward(prompt, cache, false);
+  Tensor ids = be.alloc(DType::kI32, {1}), next = be.alloc(DType::kI32, {1});
+  Tensor logits;
+  const int64_t len = cache.length;
+  std::unique_ptr<DecodeGraph> graph = be.capture_decode(
+      [&] {
+        logits = model->forward_device(ids, cache, false);
+        be.argmax_to(logits, next);
+      },
+      ids, next);
+  ASSERT_NE(graph, nullptr);
+  cache.length = len;
+  for (int s = 0; s < kSteps; ++s) {
+    graph->run(fed(s), cache.length);
+    cache.length += 1;
+    const std::vector<float> l = host_floats(be, logits);
+    ASSERT_EQ(std::memcmp(l.data(), want[size_t(s)].data(), l.size() * sizeof(float)), 0) << "step " << s;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Bits, DecodeGraph4, ::testing::Values(4, 8, 0),

@@ -450,7 +450,7 @@ bool launch_fused_moe_routed(const Ctx& ctx, const FusedMoeArgs& a, bool dry) {
   const WeightView &g = a.gate, &d = a.down;
   // One octet of y per thread stays in registers (route_load); the rest are loaded again while staging.
   if (!r.words || !r.slots || !r.y || !r.indices || !r.weights || r.n_experts < 1 || r.n_experts > kRouteMaxExperts ||
-      g.n_stack != r.n_experts || a.k < 1 || a.k > kMaxSlots || a.k > r.n_experts || !a.imma || !a.bulk ||
+      g.n_stack != r.n_experts || a.k < 1 || a.k > kMaxSlots || a.k > r.n_experts || !a.imma || !a.bulk || a.mma == 0 ||
       g.in % 8 != 0 || reinterpret_cast<uintptr_t>(r.y) % 16 != 0 || !bulk_rows_ok(g) || !bulk_rows_ok(a.up) ||
       !bulk_rows_ok(d)) {
     return false;
