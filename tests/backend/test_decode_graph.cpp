@@ -65,6 +65,27 @@ std::vector<float> host_floats(Backend& be, const Tensor& t) {
   return v;
 }
 
+// One recorded decode step of `model` at the cache's current length (left as it was): the graph and the logits
+// tensor each replay writes.
+struct RecordedStep {
+  Tensor ids, next, logits;
+  std::unique_ptr<DecodeGraph> graph;
+};
+RecordedStep record_step(CudaBackend& be, Model& model, KvCache& cache) {
+  RecordedStep r;
+  r.ids = be.alloc(DType::kI32, {1});
+  r.next = be.alloc(DType::kI32, {1});
+  const int64_t len = cache.length;
+  r.graph = be.capture_decode(
+      [&] {
+        r.logits = model.forward_device(r.ids, cache, false);
+        be.argmax_to(r.logits, r.next);
+      },
+      r.ids, r.next);
+  cache.length = len;
+  return r;
+}
+
 class DecodeGraph4 : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
@@ -99,17 +120,10 @@ TEST_P(DecodeGraph4, LogitsBitIdenticalAcrossPositions) {
   // Graph path on another cache: same prefill, then one recording replayed kSteps times.
   KvCache cache = model->make_cache(int64_t(prompt.size()) + kSteps);
   ASSERT_EQ(be.argmax(model->forward(prompt, cache, false))[0], first);
-  Tensor ids = be.alloc(DType::kI32, {1}), next = be.alloc(DType::kI32, {1});
-  Tensor logits;
-  const int64_t len = cache.length;
-  std::unique_ptr<DecodeGraph> graph = be.capture_decode(
-      [&] {
-        logits = model->forward_device(ids, cache, false);
-        be.argmax_to(logits, next);
-      },
-      ids, next);
-  ASSERT_NE(graph, nullptr);
-  cache.length = len;
+  RecordedStep rec = record_step(be, *model, cache);
+  ASSERT_NE(rec.graph, nullptr);
+  DecodeGraph* graph = rec.graph.get();
+  const Tensor& logits = rec.logits;
   id = first;
   for (int s = 0; s < kSteps; ++s) {
     const int32_t got = graph->run(id, cache.length);
@@ -286,17 +300,10 @@ TEST(DecodeGraphRoute, RoutedStepsMatchTheTwoOpsAndReplayBitForBit) {
 
   KvCache cache = model->make_cache(int64_t(prompt.size()) + kSteps);
   model->forward(prompt, cache, false);
-  Tensor ids = be.alloc(DType::kI32, {1}), next = be.alloc(DType::kI32, {1});
-  Tensor logits;
-  const int64_t len = cache.length;
-  std::unique_ptr<DecodeGraph> graph = be.capture_decode(
-      [&] {
-        logits = model->forward_device(ids, cache, false);
-        be.argmax_to(logits, next);
-      },
-      ids, next);
-  ASSERT_NE(graph, nullptr);
-  cache.length = len;
+  RecordedStep rec = record_step(be, *model, cache);
+  ASSERT_NE(rec.graph, nullptr);
+  DecodeGraph* graph = rec.graph.get();
+  const Tensor& logits = rec.logits;
   for (int s = 0; s < kSteps; ++s) {
     graph->run(fed(s), cache.length);
     cache.length += 1;
