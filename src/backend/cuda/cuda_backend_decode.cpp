@@ -350,10 +350,7 @@ void CudaBackend::linear_residual_router_fused_moe_add(const LinearWeight& w, co
       n_experts != gate.n_stack || d != gate.in || !share_fits(im, w, x, norm_weight, router, k)) {
     return unrouted();
   }
-  check_f32(weights, "router weights");
-  check_dev(indices, "router indices");
-  MOECEL_CHECK(indices.dtype == DType::kI32, "router: indices must be I32, got {}", dtype_name(indices.dtype));
-  check_rows(indices, 1, k, "router indices");
+  check_rows(indices, 1, k, "router indices");  // dtypes and devices: fused_args below
   check_rows(weights, 1, k, "router weights");
   const int64_t blocks = d / rows;
   const std::shared_ptr<void> buf = im.scratch(size_t(blocks * (n_experts + 1)) * sizeof(float));
